@@ -1,0 +1,212 @@
+"""The ``mldoctor`` command line.
+
+Heavy imports (the CEL library, pandas, textual, torch) happen inside the commands that need
+them, so ``mldoctor --help`` stays fast. User errors become one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from doctor.errors import RuleError, UserError
+
+app = typer.Typer(
+    name="mldoctor",
+    help="Diagnose hung, slow, crashed and diverging PyTorch jobs, live or from saved evidence.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+rules_app = typer.Typer(help="List, test and lint the YAML rules.", no_args_is_help=True)
+app.add_typer(rules_app, name="rules")
+
+
+class Symptom(str, Enum):
+    hang = "hang"
+    slow = "slow"
+    crash = "crash"
+    diverge = "diverge"
+
+
+class Format(str, Enum):
+    md = "md"
+    html = "html"
+    json = "json"
+    term = "term"
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"mldoctor: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _emit(report, as_json: bool, verbose: bool = False) -> None:  # noqa: ANN001
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
+    else:
+        from doctor.render.terminal import render
+
+        render(report, verbose=verbose)
+
+
+@app.command()
+def diagnose(
+    from_: Optional[Path] = typer.Option(None, "--from", help="A bundle (dir or .tar.gz) or a folder of loose evidence files."),
+    pid: list[int] = typer.Option([], "--pid", help="Diagnose these processes (repeatable)."),
+    slurm_job: Optional[str] = typer.Option(None, "--slurm-job", help="Every node of this SLURM job, through srun --overlap."),
+    symptom: Optional[Symptom] = typer.Option(None, "--symptom", help="Optional hint; default: find out."),
+    logs: list[Path] = typer.Option([], "--logs", help="Extra log files or folders of the job to read."),
+    as_json: bool = typer.Option(False, "--json", help="Only the JSON report (mldoctor.report/1) on stdout."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the bundle and reports to this folder."),
+    rules: list[Path] = typer.Option([], "--rules", help="Extra rule files or folders."),
+    budget: float = typer.Option(30.0, "--budget", help="Seconds the live agent may spend."),
+    duration: float = typer.Option(10.0, "--duration", help="Sampling window (s) for --symptom slow."),
+    job: Optional[str] = typer.Option(None, "--job", help="Which job on this host (launcher PID), when several run."),
+    redact_hosts: bool = typer.Option(False, "--redact-hosts", help="Replace host names and IPs in what is written."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show the trace and the rules that could not be evaluated."),
+) -> None:
+    """Diagnose a job: live on this host (default), given PIDs, a SLURM job, or saved evidence."""
+    try:
+        if from_ is not None:
+            from doctor.diagnose import diagnose_path
+
+            report = diagnose_path(from_, symptom.value if symptom else None, logs, rules)
+        else:
+            try:
+                from doctor import agent
+            except ImportError:
+                _fail("live diagnosis is not available in this build; use --from PATH")
+                return
+            report = agent.diagnose_live(
+                pids=pid, slurm_job=slurm_job, symptom=symptom.value if symptom else None,
+                logs=logs, rules_dirs=rules, budget=budget, duration=duration, job=job,
+                out=out, redact_hosts=redact_hosts,
+            )
+        if out is not None and from_ is not None:
+            from doctor.output import write_outputs
+
+            write_outputs(report, out, from_path=from_, redact_hosts=redact_hosts)
+    except (UserError, RuleError) as exc:
+        _fail(str(exc))
+        return
+    _emit(report, as_json, verbose)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def explain(cause: str = typer.Argument(..., help="A cause id, e.g. collective_mismatch.")) -> None:
+    """Print the playbook of a cause: what it means, how to confirm it, how to fix it."""
+    from doctor import playbook as playbooks, taxonomy
+    from doctor.render.playbook import render_playbook
+
+    pb = playbooks.get(cause)
+    if pb is None:
+        close = [c for c in taxonomy.causes() if cause.lower() in c]
+        _fail(f"unknown cause {cause!r}" + (f"; did you mean {', '.join(close[:5])}?" if close else "; `mldoctor rules list` shows the causes"))
+    render_playbook(pb)
+
+
+@app.command()
+def facts(
+    from_: Optional[Path] = typer.Option(None, "--from", help="Print the facts built from this evidence."),
+    schema: bool = typer.Option(False, "--schema", help="Print the facts reference (Markdown)."),
+) -> None:
+    """Show the facts document the rules see, or its schema."""
+    from doctor import facts as facts_mod
+
+    if schema or from_ is None:
+        typer.echo(facts_mod.schema_markdown())
+        return
+    from doctor.diagnose import gather_items
+
+    try:
+        items, source, runs, _ = gather_items(from_)
+    except UserError as exc:
+        _fail(str(exc))
+        return
+    doc, _ = facts_mod.build(items, source["type"], None, runs)
+    typer.echo(json.dumps(doc, indent=1))
+
+
+@rules_app.command("list")
+def rules_list(rules: list[Path] = typer.Option([], "--rules")) -> None:
+    """List every rule with its cause and severity."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rs = _ruleset(rules)
+    t = Table("id", "name", "cause", "severity", "conf", "requires")
+    for r in rs.rules:
+        t.add_row(r.id, r.name, r.cause, r.severity, f"{r.confidence:.2f}", ", ".join(r.requires))
+    Console().print(t)
+
+
+@rules_app.command("test")
+def rules_test(
+    rule: Optional[str] = typer.Argument(None, help="Only this rule id, name or cause."),
+    rules: list[Path] = typer.Option([], "--rules"),
+) -> None:
+    """Run every rule's cases (must fire / must not fire / not evaluable)."""
+    from doctor.ruletest import run_rule_tests
+
+    try:
+        results = run_rule_tests(_ruleset(rules), rule)
+    except RuleError as exc:
+        _fail(str(exc))
+        return
+    failed = [r for r in results if not r.ok]
+    for r in failed:
+        typer.echo(f"FAIL {r.rule} {r.name}: {r.detail} ({r.where})")
+    typer.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    raise typer.Exit(1 if failed else 0)
+
+
+@rules_app.command("lint")
+def rules_lint(rules: list[Path] = typer.Option([], "--rules")) -> None:
+    """Check every rule compiles, names known facts and causes, has cases and a playbook."""
+    from doctor.ruletest import lint
+
+    rs = _ruleset(rules)
+    problems = lint(rs)
+    for p in problems:
+        typer.echo(p)
+    typer.echo(f"{len(rs.rules)} rules, {len(problems)} problem(s)")
+    raise typer.Exit(1 if problems else 0)
+
+
+def _ruleset(rules: list[Path]):  # noqa: ANN202
+    from doctor.engine import load_ruleset
+
+    try:
+        return load_ruleset(rules)
+    except RuleError as exc:
+        _fail(str(exc))
+
+
+def main() -> None:
+    try:
+        app()
+    except (UserError, RuleError) as exc:
+        typer.echo(f"mldoctor: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("mldoctor: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug: one line by default, the traceback on request
+        import os
+
+        if os.environ.get("MLDOCTOR_DEBUG"):
+            raise
+        typer.echo(f"mldoctor: internal error: {type(exc).__name__}: {exc} "
+                   "(set MLDOCTOR_DEBUG=1 for the traceback, and please report it)", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The contract between the engine and an evidence kind (a probe module).
+
+One evidence kind lives in one module of ``probes/`` and exposes a ``PROBE`` object, a subclass
+of :class:`Probe`. The engine never knows kinds by name: it asks each registered probe whether a
+file is its own (by content, with the file name only as a hint), lets it parse the file, and
+lets it add its namespace to the facts. Live collection (``collect``) is optional.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+SNIFF_BYTES = 64 * 1024
+
+_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|rk)[-_ ]?(\d{1,6})(?!\d)", re.I)
+_DUMP_RANK_RE = re.compile(r"(?:^|[_-])dump_(\d{1,6})$")
+_HOST_RE = re.compile(r"(?:^|[^a-z0-9])((?:node|host|gpu-?node|worker|compute)[-_]?\d{1,5}[a-z0-9-]*)", re.I)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The start of a file, enough to recognize its kind without reading it all."""
+
+    path: Path
+    name: str
+    raw: bytes
+    size: int
+
+    @property
+    def text(self) -> str:
+        return self.raw.decode("utf-8", errors="replace")
+
+    @property
+    def is_binary(self) -> bool:
+        return b"\x00" in self.raw[:4096] and not self.raw.startswith(b"\x80")
+
+    @classmethod
+    def read(cls, path: Path) -> Sample:
+        with open(path, "rb") as fh:
+            raw = fh.read(SNIFF_BYTES)
+        return cls(path=path, name=path.name, raw=raw, size=path.stat().st_size)
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the file's place and name tell about it; the manifest's word wins when present."""
+
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+
+    @classmethod
+    def from_path(cls, rel: str) -> Hints:
+        """Take rank and host from names like ``rank3``, ``trace-node07-1.out``, ``_dump_12``."""
+        rank = host = None
+        parts = rel.replace("\\", "/").split("/")
+        for part in reversed(parts):
+            stem = part.rsplit(".", 1)[0] if "." in part else part
+            if rank is None:
+                m = _RANK_RE.search(stem) or _DUMP_RANK_RE.search(stem)
+                if m:
+                    rank = int(m.group(1))
+            if host is None:
+                m = _HOST_RE.search(stem)
+                if m:
+                    host = m.group(1)
+        return cls(rank=rank, host=host)
+
+
+@dataclass
+class Parsed:
+    """One parsed file: what it says, and where it came from."""
+
+    kind: str
+    path: str
+    data: Any
+    rank: int | None = None
+    host: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Probe:
+    """Base class for an evidence kind.
+
+    Subclasses set the class attributes and override ``sniff``/``parse``/``build``; ``collect``
+    only where the kind can be gathered from a live process or host.
+    """
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    #: What the probe collects, in one sentence (shown by ``mldoctor facts --schema``).
+    collects: ClassVar[str] = ""
+    #: Higher runs first when several probes could claim a file.
+    priority: ClassVar[int] = 50
+    #: Files above this size are not parsed whole; streaming kinds raise it.
+    max_bytes: ClassVar[int] = 256 * 1024 * 1024
+    #: Documented fact paths this probe writes: ``"env.vars": "map<string,string>: ..."``.
+    facts_schema: ClassVar[dict[str, str]] = {}
+
+    def sniff(self, sample: Sample) -> bool:
+        """Is this file evidence of my kind? Decide from content; names are only hints."""
+        return False
+
+    def parse(self, path: Path, rel: str, hints: Hints) -> Parsed | list[Parsed]:
+        """Read one file. Raise ``EvidenceError`` with a short reason when it is unusable."""
+        raise NotImplementedError
+
+    def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
+        """Add this kind's namespace to the facts from all of its parsed files."""
+        raise NotImplementedError
+
+    def collect(self, ctx: Any) -> Any:
+        """Gather this evidence from a live target; ``None`` means not applicable here."""
+        return None
+
+
+def one_line(exc: BaseException) -> str:
+    """A message fit for one line of a report."""
+    msg = str(exc).strip().splitlines()
+    return (msg[0] if msg else type(exc).__name__)[:300]

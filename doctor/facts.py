@@ -1,0 +1,229 @@
+"""Turn evidence files into the facts document, the rules' whole vocabulary.
+
+Each file goes to the probe that recognizes it (by content), each probe adds its own namespace,
+and the engine adds ``meta``, ``job`` and ``evidence``. A file that cannot be used becomes a
+one-line entry in ``evidence.errors``; it never stops the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from doctor import plugins
+from doctor.bundle import Bundle
+from doctor.errors import EvidenceError
+from doctor.evidence import Hints, Parsed, Sample, one_line
+
+FACTS_SCHEMA = "mldoctor.facts/1"
+MAX_LOOSE_FILES = 20000
+
+BASE_SCHEMA: dict[str, str] = {
+    "meta.schema": "string: facts schema version",
+    "meta.source": "string: where the evidence came from: bundle | loose | live",
+    "meta.symptom": "string: the user's hint (hang | slow | crash | diverge) or empty",
+    "job.world_size": "int: ranks in the job (from WORLD_SIZE or the evidence), 0 when unknown",
+    "job.ranks_seen": "list<int>: ranks some evidence speaks for",
+    "job.n_ranks_seen": "int: how many ranks some evidence speaks for",
+    "job.missing_ranks": "list<int>: ranks below world_size that no evidence speaks for",
+    "job.hosts": "list<string>: hosts some evidence came from",
+    "evidence.kinds": "list<string>: evidence kinds found",
+    "evidence.files": "int: files used",
+    "evidence.ignored": "list<string>: files no probe recognized",
+    "evidence.errors": "list<string>: one line per file that could not be used",
+    "evidence.probes": "list<map>: live probe runs: name, status (ok|failed|skipped), reason, host",
+    "evidence.probes[].name": "string: probe name",
+    "evidence.probes[].status": "string: ok | failed | skipped",
+    "evidence.probes[].reason": "string: why it failed or was skipped",
+    "evidence.probes[].host": "string: host it ran on",
+}
+
+
+@dataclass
+class Item:
+    """A file to consider as evidence."""
+
+    path: Path
+    rel: str
+    kind: str | None = None
+    hints: Hints = Hints()
+
+
+def schema() -> dict[str, str]:
+    """Every documented fact path, engine and probes together."""
+    out = dict(BASE_SCHEMA)
+    for p in plugins.probes():
+        out.update(p.facts_schema)
+    return out
+
+
+def empty_facts(source: str, symptom: str | None) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "meta": {"schema": FACTS_SCHEMA, "source": source, "symptom": symptom or ""},
+        "job": {"world_size": 0, "ranks_seen": [], "n_ranks_seen": 0, "missing_ranks": [], "hosts": []},
+        "evidence": {"kinds": [], "files": 0, "ignored": [], "errors": [], "probes": []},
+    }
+    return facts
+
+
+def items_from_folder(folder: Path) -> list[Item]:
+    """Every regular file under ``folder`` (hidden ones skipped), with hints from its path."""
+    items: list[Item] = []
+    base = folder if folder.is_dir() else folder.parent
+    paths = [folder] if folder.is_file() else sorted(folder.rglob("*"))
+    for p in paths:
+        if len(items) >= MAX_LOOSE_FILES:
+            break
+        rel = p.relative_to(base).as_posix()
+        if any(part.startswith(".") for part in Path(rel).parts) or not p.is_file() or p.is_symlink():
+            continue
+        items.append(Item(p, rel, None, Hints.from_path(rel)))
+    return items
+
+
+def items_from_bundle(bundle: Bundle) -> list[Item]:
+    items = []
+    for art in bundle.manifest.get("artifacts", []):
+        h = Hints.from_path(art["path"])
+        hints = Hints(
+            rank=art.get("rank") if art.get("rank") is not None else h.rank,
+            host=art.get("host") or h.host,
+            pid=art.get("pid"),
+        )
+        items.append(Item(bundle.artifact_path(art), art["path"], art.get("kind") or None, hints))
+    return items
+
+
+def _claim(item: Item, probes: tuple[Any, ...]) -> Any | None:
+    sample = Sample.read(item.path)
+    if sample.size == 0:
+        return None
+    for p in probes:
+        try:
+            if p.sniff(sample):
+                return p
+        except Exception:  # a faulty sniff must not hide the file from the others
+            continue
+    return None
+
+
+def build(items: list[Item], source: str, symptom: str | None = None,
+          probe_runs: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+    """Parse every item and assemble the facts; returns (facts, seconds spent per kind)."""
+    facts = empty_facts(source, symptom)
+    ev = facts["evidence"]
+    ev["probes"] = [
+        {k: r.get(k, "") for k in ("name", "status", "reason", "host")} for r in (probe_runs or [])
+    ]
+    probes = plugins.probes()
+    by_name = {p.name: p for p in probes}
+    parsed: dict[str, list[Parsed]] = {}
+    timing: dict[str, float] = {}
+    for item in items:
+        t0 = time.perf_counter()
+        try:
+            probe = by_name.get(item.kind) if item.kind else _claim(item, probes)
+        except OSError as exc:
+            ev["errors"].append(f"{item.rel}: cannot read ({exc.strerror or exc})")
+            continue
+        if probe is None:
+            if item.kind and item.kind not in by_name:
+                ev["ignored"].append(f"{item.rel} (kind {item.kind!r} has no installed probe)")
+            elif not item.kind:
+                ev["ignored"].append(item.rel)
+            continue
+        out = _parse_one(probe, item, ev["errors"])
+        timing[probe.name] = timing.get(probe.name, 0.0) + time.perf_counter() - t0
+        if out is None:
+            continue
+        parsed.setdefault(probe.name, []).extend(out if isinstance(out, list) else [out])
+        ev["files"] += 1
+
+    for probe in sorted(probes, key=lambda p: getattr(p, "build_order", 50)):
+        if probe.name not in parsed:
+            continue
+        t0 = time.perf_counter()
+        try:
+            probe.build(parsed[probe.name], facts)
+            ev["kinds"].append(probe.name)
+        except Exception as exc:
+            ev["errors"].append(f"{probe.name}: could not combine its evidence ({one_line(exc)})")
+        timing[probe.name] = timing.get(probe.name, 0.0) + time.perf_counter() - t0
+
+    _derive_job(facts, parsed)
+    return facts, timing
+
+
+def _parse_one(probe: Any, item: Item, errors: list[str]) -> Parsed | list[Parsed] | None:
+    """Parse one file; on any failure add a one-line error and return None."""
+    try:
+        size = item.path.stat().st_size
+        if size > probe.max_bytes:
+            raise EvidenceError(item.rel, f"{size / 2**20:.0f} MiB is over the {probe.name} limit "
+                                f"of {probe.max_bytes / 2**20:.0f} MiB; skipped")
+        return probe.parse(item.path, item.rel, item.hints)
+    except EvidenceError as exc:
+        errors.append(f"{item.rel}: {exc.what}")
+    except RecursionError:
+        errors.append(f"{item.rel}: nested too deeply to parse as {probe.name}")
+    except Exception as exc:  # bad input must never take the diagnosis down
+        errors.append(f"{item.rel}: could not parse as {probe.name} ({one_line(exc)})")
+    return None
+
+
+def _derive_job(facts: dict[str, Any], parsed: dict[str, list[Parsed]]) -> None:
+    job = facts["job"]
+    ranks = set(job.get("ranks_seen") or [])
+    hosts = set(job.get("hosts") or [])
+    for records in parsed.values():
+        for r in records:
+            if r.rank is not None:
+                ranks.add(r.rank)
+            if r.host:
+                hosts.add(r.host)
+    ws = int(job.get("world_size") or 0)
+    if ranks and ws < max(ranks) + 1 and ws:
+        ws = max(ranks) + 1
+    job["world_size"] = ws
+    job["ranks_seen"] = sorted(ranks)
+    job["n_ranks_seen"] = len(ranks)
+    job["missing_ranks"] = sorted(set(range(ws)) - ranks) if ws and ranks else []
+    job["hosts"] = sorted(hosts)
+
+
+def set_world_size(facts: dict[str, Any], value: int | None) -> None:
+    """Probes call this when their evidence names the world size; the largest credible wins."""
+    if value and value > 0:
+        facts["job"]["world_size"] = max(int(facts["job"].get("world_size") or 0), int(value))
+
+
+def schema_markdown() -> str:
+    """The facts reference page (``mldoctor facts --schema``)."""
+    lines = [
+        "# mldoctor facts reference",
+        "",
+        f"Schema `{FACTS_SCHEMA}`. Rules see only these paths; a rule's `requires` names the ones",
+        "it cannot do without. Generated from the code by `mldoctor facts --schema`.",
+        "",
+    ]
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for path, doc in schema().items():
+        groups.setdefault(path.split(".", 1)[0], []).append((path, doc))
+    owners = {p.name: p for p in plugins.probes()}
+    for ns in sorted(groups):
+        lines.append(f"## `{ns}`")
+        if ns in owners and owners[ns].collects:
+            lines += ["", owners[ns].collects]
+        lines += ["", "| path | type | meaning |", "| --- | --- | --- |"]
+        for path, doc in groups[ns]:
+            typ, _, meaning = doc.partition(": ")
+            lines.append(f"| `{path}` | {typ} | {meaning} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0", "false", "no")

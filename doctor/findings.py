@@ -1,0 +1,108 @@
+"""From fired rules to ranked findings and a verdict.
+
+Ranking: score = severity weight x confidence x coverage, where coverage discounts a verdict
+about culprit ranks when the evidence speaks for only part of the job (0.5 + 0.5 x seen/world).
+Suppression: a rule naming a root cause hides the symptom causes it lists in ``suppresses``;
+the hidden findings stay in the trace so the reasoning is visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from doctor import playbook as playbooks, taxonomy
+from doctor.rule import RuleResult
+
+SEVERITY_WEIGHT = {"critical": 1.0, "high": 0.8, "medium": 0.6, "low": 0.4, "info": 0.1}
+ACTIONABLE = ("critical", "high", "medium", "low")
+
+
+@dataclass
+class Finding:
+    cause: str
+    rule: str
+    rule_name: str
+    title: str
+    category: str
+    severity: str
+    confidence: float
+    score: float
+    state: str
+    ranks: list[int]
+    hosts: list[str]
+    gpus: list[str]
+    summary: str
+    evidence: list[str]
+    fix: list[str]
+    also_fired: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _coverage(res: RuleResult, facts: dict[str, Any]) -> float:
+    job = facts.get("job", {})
+    ws, seen = job.get("world_size") or 0, job.get("n_ranks_seen") or 0
+    if not res.ranks or not ws or not seen:
+        return 1.0
+    return 0.5 + 0.5 * min(1.0, seen / ws)
+
+
+def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
+    """Findings most likely first, one per cause, and trace lines for what was suppressed."""
+    fired = [r for r in results if r.status == "fired"]
+    suppressed_by: dict[str, str] = {}
+    for r in fired:
+        for cause in r.rule.suppresses:
+            if cause != r.rule.cause:
+                suppressed_by.setdefault(cause, r.rule.id)
+    trace: list[str] = []
+    by_cause: dict[str, Finding] = {}
+    for r in fired:
+        if r.rule.cause in suppressed_by:
+            trace.append(f"{r.rule.id} ({r.rule.cause}) suppressed by {suppressed_by[r.rule.cause]}")
+            continue
+        score = SEVERITY_WEIGHT[r.rule.severity] * r.rule.confidence * _coverage(r, facts)
+        pb = playbooks.get(r.rule.cause) or {}
+        f = Finding(
+            cause=r.rule.cause, rule=r.rule.id, rule_name=r.rule.name,
+            title=str(pb.get("title") or r.rule.cause.replace("_", " ")),
+            category=taxonomy.causes().get(r.rule.cause, ""), severity=r.rule.severity,
+            confidence=round(r.rule.confidence, 3), score=round(score, 4), state=r.rule.state,
+            ranks=r.ranks, hosts=r.hosts, gpus=r.gpus, summary=r.summary, evidence=r.evidence,
+            fix=playbooks.fix_steps(r.rule.cause),
+        )
+        prev = by_cause.get(f.cause)
+        if prev is None or f.score > prev.score:
+            if prev is not None:
+                f.also_fired = prev.also_fired + [prev.rule]
+            by_cause[f.cause] = f
+        else:
+            prev.also_fired.append(f.rule)
+    ordered = sorted(by_cause.values(), key=lambda f: (-f.score, f.rule))
+    return ordered, trace
+
+
+def verdict(findings: list[Finding], facts: dict[str, Any], evaluable: int) -> dict[str, str]:
+    """The job's state and a one-line summary; an observed state from live probes wins."""
+    actionable = [f for f in findings if f.severity in ACTIONABLE]
+    observed = (facts.get("job") or {}).get("observed_state") or ""
+    if actionable:
+        top = actionable[0]
+        state = observed or top.state
+        culprits = ""
+        if top.ranks:
+            from doctor.rule import format_ranks
+
+            culprits = f" on rank{'s' if len(top.ranks) > 1 else ''} {format_ranks(top.ranks)}"
+        if top.hosts:
+            culprits += f" ({', '.join(top.hosts[:4])}{'...' if len(top.hosts) > 4 else ''})"
+        return {"state": state, "summary": f"{top.title}{culprits}: {top.summary}", "cause": top.cause}
+    if evaluable == 0 or not facts.get("evidence", {}).get("kinds"):
+        return {"state": observed or "unknown",
+                "summary": "Not enough evidence to judge: no rule could be evaluated on what was found.",
+                "cause": ""}
+    state = observed or "healthy"
+    msg = "No problem found in the evidence." if state == "healthy" else f"Job looks {state}, but no rule names a cause."
+    return {"state": state, "summary": msg, "cause": ""}

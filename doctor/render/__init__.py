@@ -1,0 +1,1 @@
+"""Renderers of the one report model: terminal (rich), Markdown, HTML, JSON."""

@@ -1,0 +1,70 @@
+"""YAML loading that remembers line numbers, so a bad rule is reported as ``file:line: what``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from doctor.errors import RuleError
+
+
+class Located(dict):
+    """A mapping that also knows the line of each of its keys (1-based)."""
+
+    lines: dict[str, int]
+    line: int
+
+    def line_of(self, key: str) -> int:
+        return self.lines.get(key, self.line)
+
+
+def _convert(node: yaml.Node, path: Path) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        out = Located()
+        out.lines = {}
+        out.line = node.start_mark.line + 1
+        for knode, vnode in node.value:
+            key = _convert(knode, path)
+            if not isinstance(key, (str, int, float, bool)):
+                raise RuleError(f"{path}:{knode.start_mark.line + 1}: mapping keys must be plain scalars")
+            if key in out:
+                raise RuleError(f"{path}:{knode.start_mark.line + 1}: duplicate key {key!r}")
+            out[key] = _convert(vnode, path)
+            out.lines[str(key)] = knode.start_mark.line + 1
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_convert(v, path) for v in node.value]
+    # Scalars: let the safe constructor resolve the tag (int, float, bool, null, str).
+    return _scalar(node)
+
+
+def _scalar(node: yaml.ScalarNode) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def load(path: Path) -> Any:
+    """Parse one YAML document safely, keeping line numbers on every mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"{path}:1: cannot read ({exc})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
+        raise RuleError(f"{path}:{line}: invalid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise RuleError(f"{path}:1: invalid YAML: {exc}") from None
+    if node is None:
+        return None
+    try:
+        return _convert(node, path)
+    except yaml.constructor.ConstructorError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
+        raise RuleError(f"{path}:{line}: {exc.problem}") from None

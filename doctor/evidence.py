@@ -121,3 +121,57 @@ def one_line(exc: BaseException) -> str:
     """A message fit for one line of a report."""
     msg = str(exc).strip().splitlines()
     return (msg[0] if msg else type(exc).__name__)[:300]
+
+
+@dataclass
+class RankProcess:
+    """One process of the job as seen on this host (a rank, or a launcher/worker for context)."""
+
+    pid: int
+    rank: int | None
+    local_rank: int | None = None
+    world_size: int | None = None
+    host: str = ""
+    cmdline: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # allowlisted only
+    role: str = "rank"  # rank | launcher | worker
+    parent: int | None = None
+
+
+class ProbeSkipped(Exception):
+    """The probe does not apply here (no GPU, no NVML, nothing to read); the reason is kept."""
+
+
+class ProbeFailed(Exception):
+    """The probe applied but could not do its work (permission, timeout); the reason is kept."""
+
+
+@dataclass
+class CollectContext:
+    """What a live probe gets: the job's processes on this host and a place to write artifacts.
+
+    ``add`` writes under ``hosts/<host>/<probe>/`` in the bundle, scrubbing text, and records the
+    checksum, so probes never touch the bundle layout themselves.
+    """
+
+    bundle: Any  # doctor.bundle.Bundle
+    host: str
+    procs: list[RankProcess]
+    options: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 10.0
+    probe_name: str = ""
+    round: int = 0  # 0 for the first pass; follow-ups count up
+
+    @property
+    def ranks(self) -> list[RankProcess]:
+        wanted = self.options.get("ranks")
+        out = [p for p in self.procs if p.role == "rank"]
+        if wanted:
+            out = [p for p in out if p.rank in wanted]
+        return out
+
+    def add(self, name: str, data: bytes | str, *, rank: int | None = None, pid: int | None = None,
+            text: bool = True, meta: dict[str, Any] | None = None, kind: str | None = None) -> Any:
+        rel = f"hosts/{self.host}/{kind or self.probe_name}/{name}"
+        return self.bundle.add_artifact(rel, data, kind or self.probe_name, host=self.host, rank=rank,
+                                        pid=pid, text=text, meta=meta)

@@ -19,12 +19,20 @@ PROBE_GROUP = "mldoctor.probes"
 RULES_GROUP = "mldoctor.rules"
 
 
+#: Probes that are registered but failed to load: ``(entry point, one-line reason)``.
+load_errors: list[tuple[str, str]] = []
+
+
 @lru_cache(maxsize=1)
 def probes() -> tuple[Probe, ...]:
-    """Every registered probe, highest priority first."""
+    """Every registered probe, highest priority first; a broken plugin is skipped and noted."""
     found: dict[str, Probe] = {}
     for ep in metadata.entry_points(group=PROBE_GROUP):
-        probe = ep.load()
+        try:
+            probe = ep.load()
+        except Exception as exc:  # a third-party probe must not take the engine down
+            load_errors.append((f"{ep.name} = {ep.value}", f"{type(exc).__name__}: {exc}"))
+            continue
         if isinstance(probe, type):
             probe = probe()
         found.setdefault(probe.name or ep.name, probe)

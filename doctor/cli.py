@@ -180,6 +180,53 @@ def rules_lint(rules: list[Path] = typer.Option([], "--rules")) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
+@app.command()
+def demo(
+    scenario: str = typer.Argument("extra_collective", help="Fault to inject (mldoctor demo --list)."),
+    list_: bool = typer.Option(False, "--list", help="List the scenarios."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks to start (default per scenario, 4)."),
+    as_json: bool = typer.Option(False, "--json", help="Only the JSON report on stdout."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the bundle and reports here."),
+) -> None:
+    """Start a small real PyTorch job with a fault, diagnose it live, and clean up."""
+    from doctor.scenarios import SCENARIOS
+
+    if list_:
+        for name, sc in SCENARIOS.items():
+            typer.echo(f"{name:18} {sc.description}")
+        return
+    from doctor.demo import run_demo
+
+    if not as_json:
+        typer.echo(f"mldoctor demo: starting scenario {scenario!r} (a real torchrun job on the CPU)...", err=True)
+    try:
+        report, verdict_line = run_demo(scenario, nproc, out=out)
+    except UserError as exc:
+        _fail(str(exc))
+        return
+    _emit(report, as_json)
+    if not as_json:
+        typer.echo(verdict_line)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def collect(
+    pid: list[int] = typer.Option([], "--pid", help="Collect these processes (default: the job on this host)."),
+    slurm_job: Optional[str] = typer.Option(None, "--slurm-job", help="Only processes of this SLURM job."),
+    job: Optional[str] = typer.Option(None, "--job", help="Which job on this host, when several run."),
+    out: Path = typer.Option(..., "--out", help="Bundle folder to write, or - for a .tar.gz on stdout."),
+    logs: list[Path] = typer.Option([], "--logs", help="Extra log files or folders to include."),
+) -> None:
+    """Only collect evidence on this host into a bundle (what srun runs on each node)."""
+    from doctor.collect import collect_local
+
+    try:
+        collect_local(pids=pid, slurm_job=slurm_job, job=job, out=out, logs=logs)
+    except UserError as exc:
+        _fail(str(exc))
+
+
 def _ruleset(rules: list[Path]):  # noqa: ANN202
     from doctor.engine import load_ruleset
 

@@ -84,6 +84,7 @@ def analyze(items: list[facts_mod.Item], source: dict[str, Any], symptom: str | 
         rule_errors=[{"rule": r.rule.id, "cause": r.rule.cause, "error": r.reason} for r in errors],
         probes=list(probe_runs or []), trace=trace.steps,
         timing={"facts": t_facts, "rules": t_rules, **{f"parse.{k}": v for k, v in timing.items()}},
+        follow_ups=[{**fu, "rule": r.rule.id} for r in fired for fu in r.follow_ups],
     )
 
 

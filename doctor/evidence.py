@@ -161,6 +161,7 @@ class CollectContext:
     timeout: float = 10.0
     probe_name: str = ""
     round: int = 0  # 0 for the first pass; follow-ups count up
+    written: int = 0  # artifacts this probe run wrote
 
     @property
     def ranks(self) -> list[RankProcess]:
@@ -173,5 +174,6 @@ class CollectContext:
     def add(self, name: str, data: bytes | str, *, rank: int | None = None, pid: int | None = None,
             text: bool = True, meta: dict[str, Any] | None = None, kind: str | None = None) -> Any:
         rel = f"hosts/{self.host}/{kind or self.probe_name}/{name}"
+        self.written += 1
         return self.bundle.add_artifact(rel, data, kind or self.probe_name, host=self.host, rank=rank,
                                         pid=pid, text=text, meta=meta)

@@ -30,6 +30,7 @@ BASE_SCHEMA: dict[str, str] = {
     "job.n_ranks_seen": "int: how many ranks some evidence speaks for",
     "job.missing_ranks": "list<int>: ranks below world_size that no evidence speaks for",
     "job.hosts": "list<string>: hosts some evidence came from",
+    "job.observed_state": "string: what live snapshots saw: hung (most ranks' stacks frozen), progressing, crashed (no rank alive), or empty",
     "evidence.kinds": "list<string>: evidence kinds found",
     "evidence.files": "int: files used",
     "evidence.ignored": "list<string>: files no probe recognized",
@@ -63,7 +64,8 @@ def schema() -> dict[str, str]:
 def empty_facts(source: str, symptom: str | None) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "meta": {"schema": FACTS_SCHEMA, "source": source, "symptom": symptom or ""},
-        "job": {"world_size": 0, "ranks_seen": [], "n_ranks_seen": 0, "missing_ranks": [], "hosts": []},
+        "job": {"world_size": 0, "ranks_seen": [], "n_ranks_seen": 0, "missing_ranks": [], "hosts": [],
+                "observed_state": ""},
         "evidence": {"kinds": [], "files": 0, "ignored": [], "errors": [], "probes": []},
     }
     return facts
@@ -192,6 +194,24 @@ def _derive_job(facts: dict[str, Any], parsed: dict[str, list[Parsed]]) -> None:
     job["n_ranks_seen"] = len(ranks)
     job["missing_ranks"] = sorted(set(range(ws)) - ranks) if ws and ranks else []
     job["hosts"] = sorted(hosts)
+    job["observed_state"] = observed_state(facts)
+
+
+def observed_state(facts: dict[str, Any]) -> str:
+    """Hung or progressing, from repeated live snapshots; empty when the evidence cannot tell.
+
+    A rank is frozen when its main-thread stack (with line numbers) is identical in every
+    snapshot; the job is hung when at least half of the ranks seen are frozen.
+    """
+    procs = facts.get("procs") or {}
+    if procs.get("snapshots") and not procs.get("ranks_on_host") and procs.get("dead_ranks"):
+        return "crashed"
+    st = facts.get("stacks") or {}
+    if int(st.get("snapshots") or 0) >= 2:
+        n = int(st.get("n_ranks") or 0)
+        if n:
+            return "hung" if len(st.get("frozen") or []) / n >= 0.5 else "progressing"
+    return ""
 
 
 def set_world_size(facts: dict[str, Any], value: int | None) -> None:

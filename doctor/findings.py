@@ -16,6 +16,8 @@ from doctor.rule import RuleResult
 
 SEVERITY_WEIGHT = {"critical": 1.0, "high": 0.8, "medium": 0.6, "low": 0.4, "info": 0.1}
 ACTIONABLE = ("critical", "high", "medium", "low")
+#: Evidence kinds that can show what state a job is in; others (env, system) only show settings.
+STATE_EVIDENCE = {"stacks", "flight_recorder", "logs", "metrics", "samples"}
 
 
 @dataclass
@@ -59,7 +61,11 @@ def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[lis
                 suppressed_by.setdefault(cause, r.rule.id)
     trace: list[str] = []
     by_cause: dict[str, Finding] = {}
+    observed = (facts.get("job") or {}).get("observed_state") or ""
     for r in fired:
+        if observed == "progressing" and r.rule.state == "hung":
+            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means a hang, but the stacks moved between snapshots")
+            continue
         if r.rule.cause in suppressed_by:
             trace.append(f"{r.rule.id} ({r.rule.cause}) suppressed by {suppressed_by[r.rule.cause]}")
             continue
@@ -90,7 +96,7 @@ def verdict(findings: list[Finding], facts: dict[str, Any], evaluable: int) -> d
     observed = (facts.get("job") or {}).get("observed_state") or ""
     if actionable:
         top = actionable[0]
-        state = observed or top.state
+        state = observed if observed in ("hung", "crashed") else top.state
         culprits = ""
         if top.ranks:
             from doctor.rule import format_ranks
@@ -100,9 +106,15 @@ def verdict(findings: list[Finding], facts: dict[str, Any], evaluable: int) -> d
             culprits += f" ({', '.join(top.hosts[:4])}{'...' if len(top.hosts) > 4 else ''})"
         return {"state": state, "summary": f"{top.title}{culprits}: {top.summary}", "cause": top.cause}
     if evaluable == 0 or not facts.get("evidence", {}).get("kinds"):
-        return {"state": observed or "unknown",
+        return {"state": observed if observed in ("hung", "crashed") else "unknown",
                 "summary": "Not enough evidence to judge: no rule could be evaluated on what was found.",
                 "cause": ""}
-    state = observed or "healthy"
-    msg = "No problem found in the evidence." if state == "healthy" else f"Job looks {state}, but no rule names a cause."
+    kinds = set(facts.get("evidence", {}).get("kinds") or [])
+    if observed in ("", "progressing") and not (observed == "progressing" or kinds & STATE_EVIDENCE):
+        return {"state": "unknown", "cause": "",
+                "summary": f"No rule fired, but the evidence ({', '.join(sorted(kinds))}) cannot show whether "
+                           "the job is hung, slow or healthy; add stacks, logs, metrics or flight-recorder dumps."}
+    state = "healthy" if observed in ("", "progressing") else observed
+    msg = ("No problem found in the evidence." if state == "healthy"
+           else f"The job looks {state}, but no rule names a cause; see the evidence below.")
     return {"state": state, "summary": msg, "cause": ""}

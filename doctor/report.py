@@ -23,6 +23,8 @@ class Report:
     probes: list[dict[str, Any]] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
+    #: Probes that fired rules ask for (the agent's next round); not part of the JSON.
+    follow_ups: list[dict[str, Any]] = field(default_factory=list)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property

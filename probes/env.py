@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from doctor.errors import EvidenceError
-from doctor.evidence import Hints, Parsed, Probe, Sample
+from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeFailed, Sample
 from doctor.facts import set_world_size
 from doctor.redact import env_key_allowed, scrub
 
@@ -81,6 +81,17 @@ class EnvProbe(Probe):
         host = kept.get("HOSTNAME") or env.get("SLURMD_NODENAME") or hints.host
         return Parsed(self.name, rel, {"vars": kept, "dropped": len(env) - len(kept)}, rank, host)
 
+    def collect(self, ctx: CollectContext) -> None:
+        """Write each rank's environment as ``KEY=VALUE`` lines (discovery already filtered it)."""
+        wrote = 0
+        for p in ctx.ranks:
+            if p.env:
+                lines = [f"{k}={v}" for k, v in sorted(p.env.items())]
+                ctx.add(f"env-rank{p.rank}.txt", "\n".join(lines) + "\n", rank=p.rank, pid=p.pid)
+                wrote += 1
+        if not wrote:
+            raise ProbeFailed("no rank environment was readable (run as the job's user or root)")
+
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
         ordered = sorted(parsed, key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.path))
         values: dict[str, list[str]] = {}
@@ -107,3 +118,4 @@ class EnvProbe(Probe):
 
 
 PROBE = EnvProbe()
+

@@ -1,0 +1,214 @@
+"""Live diagnosis: plan probes for the symptom, run them in parallel, evaluate, follow up.
+
+The loop is deliberately plain: a first round of probes, a second stack snapshot to tell hung
+from slow, then as many rounds as the leading hypotheses ask for (native stacks of an odd rank,
+another snapshot, a sampling window) until nothing new is asked or the time budget is spent.
+Every step lands in the trace, and everything collected lands in a bundle, so the same verdict
+can be reproduced offline with ``mldoctor diagnose --from BUNDLE``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from doctor import facts as facts_mod, plugins, targets
+from doctor.bundle import Bundle, ProbeRun
+from doctor.diagnose import Trace, analyze
+from doctor.errors import UserError
+from doctor.evidence import CollectContext, Probe, ProbeFailed, ProbeSkipped, one_line
+from doctor.report import Report
+
+FIRST_ROUND = ("procs", "env", "system", "stacks", "logs", "flight_recorder", "gpu")
+SNAPSHOT_GAPS = (1.0, 2.0, 4.0)  # seconds before snapshot 1, 2, 3: a slow step shows as movement
+PROBE_TIMEOUT = 10.0
+#: Follow-up names that rules and playbooks use, and the probe runs they stand for.
+FOLLOW_UPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "stacks": [("stacks", {})],
+    "stacks_native": [("stacks", {"native": True})],
+    "snapshots": [("stacks", {"snapshot": "next"}), ("procs", {"snapshot": "next"})],
+    "env": [("env", {})],
+    "system": [("system", {})],
+    "procs": [("procs", {"snapshot": "next"})],
+    "logs": [("logs", {})],
+    "nccl_log": [("logs", {})],
+    "flight_recorder": [("flight_recorder", {})],
+    "gpu": [("gpu", {})],
+    "gpu_samples": [("gpu", {"gpu_samples": 10})],
+    "samples": [("samples", {})],
+    "metrics": [("metrics", {})],
+    "slurm": [("slurm", {})],
+}
+
+
+@dataclass
+class Collector:
+    """Runs probes against one job on this host and records each run in the bundle."""
+
+    bundle: Bundle
+    job: targets.Job
+    trace: Trace
+    options: dict[str, Any] = field(default_factory=dict)
+    snapshot: int = 0
+    done: set[tuple[str, str]] = field(default_factory=set)
+
+    def layout(self) -> dict[str, Any]:
+        return {"world_size": self.job.world_size, "local_world_size": self.job.local_world_size,
+                "dead_ranks": [], "launcher": self.job.launcher.pid if self.job.launcher else None}
+
+    def run(self, requests: list[tuple[str, dict[str, Any]]], round_no: int) -> None:
+        """Run probe requests in parallel, each with its own timeout; record ok/failed/skipped."""
+        def one(name: str, opts: dict[str, Any]) -> ProbeRun:
+            probe = plugins.probe(name)
+            t0 = time.perf_counter()
+            if probe is None:
+                return ProbeRun(name, "skipped", "probe not installed", 0.0, self.job.host)
+            ctx = CollectContext(self.bundle, self.job.host, self.job.procs,
+                                 {**self.options, **opts, "layout": self.layout()},
+                                 float(opts.get("timeout", PROBE_TIMEOUT)), name, round_no)
+            try:
+                if type(probe).collect is Probe.collect:  # this kind is read from files only
+                    raise ProbeSkipped("this evidence kind is read from files only")
+                probe.collect(ctx)
+                status, reason = "ok", ""
+            except ProbeSkipped as exc:
+                status, reason = "skipped", one_line(exc)
+            except ProbeFailed as exc:
+                status, reason = "failed", one_line(exc)
+            except Exception as exc:  # a probe bug must not end the diagnosis
+                status, reason = "failed", f"internal error: {type(exc).__name__}: {one_line(exc)}"
+            return ProbeRun(name, status, reason, round(time.perf_counter() - t0, 3), self.job.host, ctx.written)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
+            futures = {pool.submit(one, n, o): (n, o) for n, o in requests}
+            finished, pending = wait(futures, timeout=PROBE_TIMEOUT * 2)
+            for fut in finished:
+                run = fut.result()
+                self.bundle.record_probe(run)
+                label = run.name + (f"(snapshot {futures[fut][1].get('snapshot')})" if "snapshot" in futures[fut][1] else "")
+                self.trace.add("probe", f"{label}: {run.status}" + (f" ({run.reason})" if run.reason else "")
+                               + f" in {run.duration_s:.2f}s, {run.artifacts} artifact(s)", round=round_no)
+            for fut in pending:
+                name = futures[fut][0]
+                self.bundle.record_probe(ProbeRun(name, "failed", "timed out", PROBE_TIMEOUT * 2, self.job.host))
+                self.trace.add("probe", f"{name}: failed (timed out)", round=round_no)
+
+    def snapshot_round(self, round_no: int) -> None:
+        self.snapshot += 1
+        self.run([("stacks", {"snapshot": self.snapshot}), ("procs", {"snapshot": self.snapshot})], round_no)
+
+
+def _analyze(bundle: Bundle, symptom: str | None, rules_dirs: list[Path] | None, trace: Trace,
+             source: dict[str, Any]) -> Report:
+    return analyze(facts_mod.items_from_bundle(bundle), source, symptom,
+                   list(bundle.manifest["probes"]), rules_dirs, trace)
+
+
+def _ambiguous_motion(report: Report) -> bool:
+    """Some ranks frozen and some moving: a slow step or a real hang; another look tells."""
+    st = report.facts.get("stacks") or {}
+    frozen, moving = st.get("frozen") or [], st.get("moving") or []
+    return bool(frozen) and bool(moving)
+
+
+def collect_job(job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str, Any],
+                symptom: str | None) -> Collector:
+    """The first pass on one host: every probe once, then a second stack snapshot."""
+    col = Collector(bundle, job, trace, options)
+    first = [(n, {"snapshot": 0} if n in ("stacks", "procs") else {}) for n in FIRST_ROUND]
+    t0 = time.perf_counter()
+    col.run(first, 0)
+    remaining = SNAPSHOT_GAPS[0] - (time.perf_counter() - t0)
+    if remaining > 0:
+        time.sleep(remaining)  # the gap between snapshots is the measurement, not a wait for luck
+    col.snapshot_round(1)
+    if symptom == "slow":
+        col.run([("samples", {"duration": options.get("duration", 10.0)})], 1)
+    return col
+
+
+def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, symptom: str | None = None,
+                  logs: list[Path] | None = None, rules_dirs: list[Path] | None = None,
+                  budget: float = 30.0, duration: float = 10.0, job: str | None = None,
+                  out: Path | None = None, redact_hosts: bool = False) -> Report:
+    if slurm_job:
+        try:
+            from doctor import slurm
+        except ImportError:
+            raise UserError("SLURM support is not available in this build") from None
+        return slurm.diagnose_slurm_job(slurm_job, symptom=symptom, rules_dirs=rules_dirs, budget=budget,
+                                        out=out, redact_hosts=redact_hosts)
+    t_start = time.perf_counter()
+    trace = Trace()
+    the_job = targets.pick_job(targets.discover(pids or None), job)
+    trace.add("discover", the_job.describe() + f"; {len(the_job.workers)} DataLoader worker(s)")
+    tmp = None
+    if out is not None:
+        root = out / "bundle"
+        if root.exists():
+            shutil.rmtree(root)
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="mldoctor-live-"))
+        root = tmp / "bundle"
+    bundle = Bundle.create(root, {"type": "live", "host": socket.gethostname(), "job": the_job.key,
+                                  "world_size": the_job.world_size, "pids": [p.pid for p in the_job.ranks]})
+    options = {"logs": [str(p) for p in logs or []], "duration": duration}
+    try:
+        col = collect_job(the_job, bundle, trace, options, symptom)
+        source = {"type": "live", "host": the_job.host, "job": the_job.key}
+        report = _analyze(bundle, symptom, rules_dirs, trace, source)
+        round_no, gap_i = 2, 1
+        while True:
+            if time.perf_counter() - t_start >= budget:
+                trace.add("stop", f"time budget of {budget:.0f}s spent")
+                break
+            want_snapshot = _ambiguous_motion(report)
+            requests: list[tuple[str, dict[str, Any]]] = []
+            for fu in report.follow_ups:
+                if fu["probe"] == "snapshots":
+                    want_snapshot = True
+                    continue
+                for name, opts in FOLLOW_UPS.get(fu["probe"], []):
+                    ranks = fu.get("ranks") or None
+                    key = (name, repr((ranks, sorted(opts.items()))))
+                    if key in col.done:
+                        continue
+                    col.done.add(key)
+                    trace.add("follow-up", f"{fu['probe']} on ranks {ranks or 'all'}: {fu.get('why') or 'asked by ' + fu.get('rule', 'a rule')}")
+                    requests.append((name, {**opts, "ranks": ranks}))
+            took_snapshot = False
+            if want_snapshot and gap_i < len(SNAPSHOT_GAPS):
+                gap = SNAPSHOT_GAPS[gap_i]
+                gap_i += 1
+                if time.perf_counter() - t_start + gap < budget:
+                    trace.add("snapshot", f"some ranks moved and some did not; looking again in {gap:.0f}s")
+                    time.sleep(gap)  # the spacing is the measurement: a slow step shows as movement
+                    col.snapshot_round(round_no)
+                    took_snapshot = True
+            if requests:
+                col.run(requests, round_no)
+            if not (requests or took_snapshot):
+                trace.add("stop", "no rule asks for more evidence")
+                break
+            report = _analyze(bundle, symptom, rules_dirs, trace, source)
+            round_no += 1
+        report.trace = trace.steps
+        bundle.save()
+        report.source["bundle"] = str(root) if out is not None else ""
+        if out is not None:
+            try:
+                from doctor.output import write_outputs
+            except ImportError:
+                pass
+            else:
+                write_outputs(report, out, bundle=bundle, redact_hosts=redact_hosts)
+        return report
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,204 @@
+"""Find the training jobs on this host: launcher trees, their rank processes, DataLoader workers.
+
+Everything comes from /proc (cmdline, environ, status), read-only. A rank is a process whose
+environment names its rank (RANK, or the SLURM/MPI equivalents); a child of a rank with the same
+rank is one of its DataLoader workers; the nearest non-rank ancestor that looks like a launcher
+(torchrun, deepspeed, accelerate, mpirun, srun) groups the ranks into a job.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from doctor.errors import UserError
+from doctor.evidence import RankProcess
+from doctor.redact import filter_env
+
+LAUNCHER_MARKERS = ("torch.distributed.run", "torchrun", "torch.distributed.launch", "deepspeed",
+                    "accelerate", "mpirun", "mpiexec", "srun", "lightning", "composer", "torchx")
+RANK_KEYS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+SIZE_KEYS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+@dataclass
+class ProcInfo:
+    pid: int
+    ppid: int
+    state: str
+    cmdline: list[str]
+    env: dict[str, str] | None  # None: not readable
+
+
+@dataclass
+class Job:
+    """One distributed job as seen on this host."""
+
+    key: str
+    launcher: RankProcess | None
+    ranks: list[RankProcess] = field(default_factory=list)
+    workers: list[RankProcess] = field(default_factory=list)
+    dead: list[ProcInfo] = field(default_factory=list)  # zombie rank processes
+    world_size: int | None = None
+    local_world_size: int | None = None
+    host: str = ""
+
+    @property
+    def procs(self) -> list[RankProcess]:
+        return ([self.launcher] if self.launcher else []) + self.ranks + self.workers
+
+    def describe(self) -> str:
+        who = f"launcher {self.launcher.pid} ({' '.join(self.launcher.cmdline[:4])})" if self.launcher else "no launcher"
+        ranks = ",".join(str(r.rank) for r in sorted(self.ranks, key=lambda r: r.rank or 0))
+        return f"job {self.key}: {who}; ranks {ranks or '-'} of {self.world_size or '?'} on {self.host}"
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def read_proc(pid: int) -> ProcInfo | None:
+    """One process's identity; None when it is gone or not readable at all."""
+    status = _read(f"/proc/{pid}/status")
+    if status is None:
+        return None
+    fields = {}
+    for line in status.decode(errors="replace").splitlines():
+        k, _, v = line.partition(":")
+        fields[k] = v.strip()
+    cmd = _read(f"/proc/{pid}/cmdline") or b""
+    raw_env = _read(f"/proc/{pid}/environ")
+    env = None
+    if raw_env is not None:
+        env = {}
+        for item in raw_env.split(b"\0"):
+            k, sep, v = item.decode(errors="replace").partition("=")
+            if sep:
+                env[k] = v
+    return ProcInfo(pid, int(fields.get("PPid", "0") or 0), fields.get("State", "?")[:1],
+                    [c.decode(errors="replace") for c in cmd.split(b"\0") if c], env)
+
+
+def _int(env: dict[str, str], keys: tuple[str, ...]) -> int | None:
+    for k in keys:
+        v = env.get(k, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def _looks_like_launcher(cmd: list[str]) -> bool:
+    text = " ".join(cmd[:6])
+    return any(m in text for m in LAUNCHER_MARKERS)
+
+
+def all_procs() -> dict[int, ProcInfo]:
+    me = os.getpid()
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            info = read_proc(int(entry))
+            if info is not None:
+                out[info.pid] = info
+    return out
+
+
+def _is_python(cmd: list[str]) -> bool:
+    return bool(cmd) and ("python" in Path(cmd[0]).name or any(c.endswith(".py") for c in cmd[:3]))
+
+
+def discover(pids: list[int] | None = None, slurm_job: str | None = None) -> list[Job]:
+    """Jobs on this host (only the given PIDs' job when ``pids`` is set)."""
+    host = socket.gethostname()
+    procs = all_procs()
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+
+    def rank_of(p: ProcInfo) -> int | None:
+        if p.env is None or not _is_python(p.cmdline) or "mldoctor" in " ".join(p.cmdline[:3]):
+            return None
+        if slurm_job and p.env.get("SLURM_JOB_ID") != slurm_job:
+            return None
+        return _int(p.env, RANK_KEYS) if ("RANK" in p.env or "LOCAL_RANK" in p.env or
+                                          "OMPI_COMM_WORLD_RANK" in p.env or "PMI_RANK" in p.env or
+                                          ("SLURM_PROCID" in p.env and "SLURM_STEP_ID" in p.env)) else None
+
+    rank_pids = {pid for pid, p in procs.items() if rank_of(p) is not None}
+    if pids:
+        missing = [p for p in pids if p not in procs]
+        if missing:
+            raise UserError(f"--pid {missing[0]}: no such process (or not readable)")
+        wanted = set(pids)
+        # --pid may name a launcher: take its rank children.
+        for pid in pids:
+            wanted |= {c for c in children.get(pid, []) if c in rank_pids}
+            wanted |= {g for c in children.get(pid, []) for g in children.get(c, []) if g in rank_pids}
+        rank_pids &= wanted | {p for p in rank_pids if procs[p].ppid in wanted}
+        for pid in pids:
+            if pid not in rank_pids and not _looks_like_launcher(procs[pid].cmdline):
+                rank_pids.add(pid)  # an explicit PID is diagnosed even without rank variables
+
+    jobs: dict[str, Job] = {}
+    for pid in sorted(rank_pids):
+        p = procs[pid]
+        env = p.env or {}
+        parent = procs.get(p.ppid)
+        # A DataLoader worker is a child of a rank process and inherits its rank.
+        if parent is not None and parent.pid in rank_pids and rank_of(parent) == rank_of(p):
+            continue
+        launcher = None
+        anc = parent
+        hops = 0
+        while anc is not None and hops < 4:
+            if anc.pid not in rank_pids and _looks_like_launcher(anc.cmdline):
+                launcher = anc
+                break
+            anc = procs.get(anc.ppid)
+            hops += 1
+        key = str(launcher.pid) if launcher else (
+            f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}" if env.get("MASTER_PORT")
+            else env.get("SLURM_JOB_ID") or f"pid{pid}")
+        job = jobs.get(key)
+        if job is None:
+            lp = None
+            if launcher:
+                lp = RankProcess(launcher.pid, None, host=host, cmdline=launcher.cmdline,
+                                 env=filter_env(launcher.env or {}), role="launcher", parent=launcher.ppid)
+            job = jobs[key] = Job(key, lp, host=host)
+        rank = rank_of(p)
+        if p.state == "Z":
+            job.dead.append(p)
+            continue
+        rp = RankProcess(pid, rank, _int(env, ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")),
+                         _int(env, SIZE_KEYS), host, p.cmdline, filter_env(env), "rank", p.ppid)
+        job.ranks.append(rp)
+        job.world_size = job.world_size or rp.world_size
+        job.local_world_size = job.local_world_size or _int(env, ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"))
+        for c in children.get(pid, []):
+            cp = procs.get(c)
+            if cp is not None and cp.state != "Z" and _is_python(cp.cmdline):
+                job.workers.append(RankProcess(c, rank, rp.local_rank, rp.world_size, host, cp.cmdline,
+                                               {}, "worker", pid))
+    # Launchers whose rank children are all gone still say something: a job that lost its ranks.
+    return sorted(jobs.values(), key=lambda j: j.key)
+
+
+def pick_job(jobs: list[Job], which: str | None) -> Job:
+    if not jobs:
+        raise UserError("no PyTorch job found on this host (no process with RANK/WORLD_SIZE in its "
+                        "environment that this user can read); use --pid PID, or --from FILES")
+    if which:
+        for j in jobs:
+            if j.key == which or (j.launcher and str(j.launcher.pid) == which):
+                return j
+        raise UserError(f"--job {which}: not among the jobs found: " + "; ".join(j.describe() for j in jobs))
+    if len(jobs) > 1:
+        raise UserError("several jobs on this host; pick one with --job KEY: " + "; ".join(j.describe() for j in jobs))
+    return jobs[0]

@@ -1,0 +1,173 @@
+"""Process state of the job's processes from /proc: run state, CPU time, threads, memory, wchan.
+
+Two readings a few seconds apart tell a rank that burns CPU (computing or busy-spinning) from one
+that sleeps in a wait, and a rank in uninterruptible sleep (D state: stuck in the kernel, often
+storage) from one that is merely blocked. Reading /proc never pauses the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from doctor.errors import EvidenceError
+from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeFailed, Sample
+
+SCHEMA = "mldoctor.procs/1"
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+BUSY_PCT = 50.0  # above this a rank is computing or spinning, not waiting
+IDLE_PCT = 5.0   # below this a rank is waiting
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def read_process(pid: int) -> dict[str, Any] | None:
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    # comm may contain spaces and parentheses: split after the last ')'.
+    rest = stat[stat.rfind(")") + 2:].split()
+    state = rest[0]
+    utime, stime = int(rest[11]), int(rest[12])
+    threads = int(rest[17])
+    rss_pages = int(rest[21])
+    task_states: dict[str, int] = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            ts = _read(f"/proc/{pid}/task/{tid}/stat")
+            if ts:
+                s = ts[ts.rfind(")") + 2:].split()[0]
+                task_states[s] = task_states.get(s, 0) + 1
+    except OSError:
+        pass
+    return {
+        "pid": pid, "state": state, "cpu_s": (utime + stime) / CLK_TCK, "threads": threads,
+        "rss_mb": round(rss_pages * PAGE / 2**20, 1), "wchan": (_read(f"/proc/{pid}/wchan") or "").strip(),
+        "task_states": task_states,
+    }
+
+
+class ProcsProbe(Probe):
+    name: ClassVar[str] = "procs"
+    title: ClassVar[str] = "Process state"
+    collects: ClassVar[str] = (
+        "Run state, CPU seconds, threads, RSS and kernel wait channel of the launcher, every rank and "
+        "its DataLoader workers, read from /proc at each snapshot; plus the job layout on the host "
+        "(expected local ranks, ranks found, zombies). No command lines or environments."
+    )
+    priority: ClassVar[int] = 90
+    build_order: ClassVar[int] = 20
+    facts_schema: ClassVar[dict[str, str]] = {
+        "procs.snapshots": "int: readings taken",
+        "procs.interval_s": "float: seconds between the first and last reading",
+        "procs.by_rank": "map<string,map>: per rank: pid, state, cpu_pct, threads, rss_mb, wchan, d_threads, workers, workers_alive",
+        "procs.busy_ranks": f"list<int>: ranks above {BUSY_PCT:.0f}% of a core between readings",
+        "procs.idle_ranks": f"list<int>: ranks below {IDLE_PCT:.0f}% of a core between readings",
+        "procs.d_state_ranks": "list<int>: ranks with a thread in uninterruptible sleep (D)",
+        "procs.dead_ranks": "list<int>: ranks expected on this host whose process is gone or a zombie",
+        "procs.ranks_on_host": "list<int>: rank processes found alive",
+        "procs.local_world_size": "int: ranks the launcher started on this host (0 unknown)",
+        "procs.launcher_alive": "bool: the launcher process is still there",
+        "procs.threads_total": "int: threads of all rank processes together",
+        "procs.workers_total": "int: DataLoader worker processes found",
+    }
+
+    def sniff(self, sample: Sample) -> bool:
+        return SCHEMA.encode() in sample.raw[:400]
+
+    def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise EvidenceError(rel, f"not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise EvidenceError(rel, "not an mldoctor procs snapshot")
+        return Parsed(self.name, rel, data, None, data.get("host") or hints.host)
+
+    def collect(self, ctx: CollectContext) -> None:
+        snap = int(ctx.options.get("snapshot", 0))
+        records = []
+        for p in ctx.procs:
+            info = read_process(p.pid)
+            rec = {"pid": p.pid, "rank": p.rank, "role": p.role, "parent": p.parent}
+            rec.update(info or {"state": "gone"})
+            records.append(rec)
+        if not records:
+            raise ProbeFailed("no processes to read")
+        layout = ctx.options.get("layout", {})
+        doc = {"schema": SCHEMA, "host": ctx.host, "snapshot": snap, "t": time.monotonic(),
+               "wall": time.time(), "layout": layout, "procs": records}
+        ctx.add(f"procs-snap{snap}.json", json.dumps(doc, indent=1))
+
+    def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
+        snaps = sorted((p.data for p in parsed), key=lambda d: (d.get("host", ""), d.get("t", 0)))
+        by_host: dict[str, list[dict[str, Any]]] = {}
+        for s in snaps:
+            by_host.setdefault(s.get("host", ""), []).append(s)
+        by_rank: dict[str, dict[str, Any]] = {}
+        busy, idle, dstate, dead, alive = set(), set(), set(), set(), set()
+        interval = 0.0
+        local_ws = 0
+        launcher_alive = True
+        threads_total = workers_total = 0
+        for _host, series in by_host.items():
+            first, last = series[0], series[-1]
+            dt = max(0.0, float(last.get("t", 0)) - float(first.get("t", 0)))
+            interval = max(interval, dt)
+            lay = last.get("layout") or {}
+            local_ws = max(local_ws, int(lay.get("local_world_size") or 0))
+            dead |= set(lay.get("dead_ranks") or [])
+            before = {r["pid"]: r for r in first["procs"]}
+            for rec in last["procs"]:
+                if rec.get("role") == "launcher":
+                    launcher_alive = launcher_alive and rec.get("state") not in ("gone", "Z")
+                    continue
+                if rec.get("role") != "rank" or rec.get("rank") is None:
+                    continue
+                r = int(rec["rank"])
+                key = str(r)
+                if rec.get("state") in ("gone", "Z"):
+                    dead.add(r)
+                    continue
+                alive.add(r)
+                prev = before.get(rec["pid"])
+                cpu_pct = None
+                if prev is not None and dt > 0 and "cpu_s" in prev and "cpu_s" in rec:
+                    cpu_pct = round(100.0 * (rec["cpu_s"] - prev["cpu_s"]) / dt, 1)
+                workers = [w for w in last["procs"] if w.get("role") == "worker" and w.get("parent") == rec["pid"]]
+                d_threads = int((rec.get("task_states") or {}).get("D", 0))
+                by_rank[key] = {
+                    "pid": rec["pid"], "state": rec.get("state", "?"), "cpu_pct": cpu_pct,
+                    "threads": rec.get("threads", 0), "rss_mb": rec.get("rss_mb", 0.0),
+                    "wchan": rec.get("wchan", ""), "d_threads": d_threads,
+                    "workers": len(workers),
+                    "workers_alive": sum(1 for w in workers if w.get("state") not in ("gone", "Z")),
+                }
+                threads_total += int(rec.get("threads") or 0)
+                workers_total += len(workers)
+                if rec.get("state") == "D" or d_threads:
+                    dstate.add(r)
+                if cpu_pct is not None:
+                    (busy if cpu_pct >= BUSY_PCT else idle if cpu_pct < IDLE_PCT else set()).add(r)
+        facts["procs"] = {
+            "snapshots": len(snaps), "interval_s": round(interval, 3), "by_rank": by_rank,
+            "busy_ranks": sorted(busy), "idle_ranks": sorted(idle), "d_state_ranks": sorted(dstate),
+            "dead_ranks": sorted(dead - alive), "ranks_on_host": sorted(alive),
+            "local_world_size": local_ws, "launcher_alive": launcher_alive,
+            "threads_total": threads_total, "workers_total": workers_total,
+        }
+        ranks = set(facts["job"].get("ranks_seen") or []) | alive | dead
+        facts["job"]["ranks_seen"] = sorted(ranks)
+
+
+PROBE = ProcsProbe()

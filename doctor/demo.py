@@ -69,20 +69,9 @@ def wait_until_stuck(proc: subprocess.Popen[bytes], log: Path, scenario: str) ->
     raise UserError(f"scenario {scenario}: the job did not reach its fault within {START_DEADLINE:.0f}s; see {log}")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the job's whole session and reap it; nothing it started may survive."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and session_members(proc.pid):
-        time.sleep(0.1)
-
-
-def session_members(sid: int) -> list[int]:
-    out = []
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (torchrun puts each rank in a session of its own)."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -91,9 +80,42 @@ def session_members(sid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(entry))
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
     return out
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the job's launcher, every process below it and their groups; reap; verify."""
+    victims = descendants(proc.pid)
+    for pid in [proc.pid, *victims]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _alive(p) for p in victims):
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+def leftovers(proc: subprocess.Popen[bytes], known: list[int]) -> list[int]:
+    """Processes of the job still alive after ``stop`` (must be empty)."""
+    return [p for p in [proc.pid, *known] if _alive(p)]
 
 
 def run_demo(scenario: str, nproc: int | None = None, budget: float = 30.0,

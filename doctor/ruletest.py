@@ -8,6 +8,7 @@ fire, or be not_evaluable.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from doctor.errors import RuleError
 from doctor.rule import Rule, evaluate
 from doctor.yamlsrc import load
 
+_PER_RANK_LOOP = re.compile(r"by_rank\s*\.\s*(?:filter|map)\s*\(")
 EXPECT = {"fire": "fired", "no_fire": "not_fired", "not_evaluable": "not_evaluable"}
 
 
@@ -94,7 +96,7 @@ def run_rule_tests(ruleset: RuleSet, only: str | None = None) -> list[CaseResult
             ok = res.status == EXPECT[expect]
             detail = f"{res.status}" + (f" ({res.reason})" if res.reason else "")
             if ok and expect == "fire":
-                for key in ("ranks", "hosts"):
+                for key in ("ranks", "hosts", "gpus"):
                     if key in case and sorted(case[key]) != sorted(getattr(res, key)):
                         ok = False
                         detail = f"fired with {key} {getattr(res, key)}, expected {sorted(case[key])}"
@@ -118,6 +120,10 @@ def lint(ruleset: RuleSet) -> list[str]:
             problems.append(f"{test_path(rule)}: {rule.id} has no case that must not fire")
         if playbooks.get(rule.cause) is None:
             problems.append(f"{rule.path}:{rule.line}: no playbook for cause {rule.cause}")
+        for key, src in rule.expressions().items():
+            if _PER_RANK_LOOP.search(src):
+                problems.append(f"{rule.path}:{rule.line}: {key} loops over a per-rank map with filter/map "
+                                "(quadratic in the CEL library at 1k+ ranks); use a pre-grouped fact")
         if not rule.doc.strip():
             problems.append(f"{rule.path}:{rule.line}: {rule.id} has no doc (what it detects, why, fix)")
     problems.extend(playbooks.problems())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import tarfile
 import tempfile
@@ -20,7 +21,7 @@ from typing import Any
 
 from doctor import __version__
 from doctor.errors import UserError
-from doctor.redact import scrub
+from doctor.redact import filter_env_text, scrub, scrub_bytes
 
 SCHEMA = "mldoctor.bundle/1"
 MANIFEST = "manifest.json"
@@ -64,6 +65,8 @@ class Bundle:
 
     def __init__(self, root: Path, manifest: dict[str, Any] | None = None) -> None:
         self.root = root
+        #: The temporary folder an archive was unpacked into (the caller removes it when done).
+        self.unpacked: Path | None = None
         self.manifest: dict[str, Any] = manifest or {
             "schema": SCHEMA,
             "tool": {"name": "mldoctor", "version": __version__},
@@ -103,8 +106,12 @@ class Bundle:
             raise ValueError(f"artifact path escapes the bundle: {rel}")
         if isinstance(data, str):
             data = data.encode()
+        if kind == "env":  # environment values are kept for the allowlist only, text or /proc NULs
+            data = filter_env_text(data.decode("utf-8", errors="replace")).encode()
         if text:
             data = scrub(data.decode("utf-8", errors="replace")).encode()
+        else:  # binary (pickles, /proc files): masked in place, same length
+            data = scrub_bytes(data)
         dest = self.root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -143,7 +150,11 @@ class Bundle:
         """Open a bundle directory or archive; archives are unpacked safely into ``workdir``."""
         if _is_tar(path):
             dest = Path(tempfile.mkdtemp(prefix="mldoctor-bundle-", dir=workdir))
-            root = _safe_extract(path, dest)
+            try:
+                root = _safe_extract(path, dest)
+            except UserError:
+                shutil.rmtree(dest, ignore_errors=True)
+                raise
         else:
             root = path
         mpath = root / MANIFEST
@@ -155,7 +166,10 @@ class Bundle:
             raise UserError(f"{mpath}: manifest is not valid JSON ({exc})") from None
         if not isinstance(manifest, dict) or not str(manifest.get("schema", "")).startswith("mldoctor.bundle/"):
             raise UserError(f"{mpath}: unknown manifest schema {manifest.get('schema') if isinstance(manifest, dict) else None!r}")
-        return cls(root, manifest)
+        bundle = cls(root, manifest)
+        if _is_tar(path):
+            bundle.unpacked = dest
+        return bundle
 
     def verify(self) -> list[str]:
         """Checksum problems, one line each (empty when the bundle is intact)."""
@@ -166,12 +180,19 @@ class Bundle:
                 problems.append(f"{art['path']}: listed in the manifest but missing")
             elif sha256_file(p) != art.get("sha256"):
                 problems.append(f"{art['path']}: sha256 does not match the manifest (modified after collection)")
+        for rep in self.manifest.get("reports", []):  # the reports written with the bundle
+            p = self.root / rep["path"]
+            if p.is_file() and sha256_file(p) != rep.get("sha256"):
+                problems.append(f"{rep['path']}: sha256 does not match the manifest")
         return problems
 
-    def archive(self, out_dir: Path, job: str = "job") -> Path:
-        """Write ``mldoctor-<job>-<time>.tar.gz`` (mode 0600) and its ``.sha256`` beside it."""
+    def archive(self, out_dir: Path, job: str = "job", stamp: str | None = None) -> Path:
+        """Write ``mldoctor-<job>-<time>.tar.gz`` (mode 0600) and its ``.sha256`` beside it.
+
+        ``stamp`` fixes the time part, so a report written before the archive can name it.
+        """
         self.save()
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         safe_job = "".join(c if c.isalnum() or c in "-_." else "_" for c in job)[:60] or "job"
         out_dir.mkdir(parents=True, exist_ok=True)
         dest = out_dir / f"mldoctor-{safe_job}-{stamp}.tar.gz"

@@ -91,7 +91,7 @@ def diagnose(
         if out is not None and from_ is not None:
             from doctor.output import write_outputs
 
-            write_outputs(report, out, from_path=from_, redact_hosts=redact_hosts)
+            write_outputs(report, out, from_path=from_, redact_hosts=redact_hosts, logs=logs)
     except (UserError, RuleError) as exc:
         _fail(str(exc))
         return
@@ -132,6 +132,40 @@ def facts(
         return
     doc, _ = facts_mod.build(items, source["type"], None, runs)
     typer.echo(json.dumps(doc, indent=1))
+
+
+@app.command()
+def report(
+    path: Path = typer.Argument(..., help="A bundle (dir or .tar.gz), a folder of loose evidence, or a report.json."),
+    fmt: Format = typer.Option(Format.md, "--format", help="md (tickets), html (one self-contained file), json (mldoctor.report/1)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write to this file (mode 0600) instead of stdout."),
+) -> None:
+    """Render the report of saved evidence (diagnosed again, offline) or of a report.json."""
+    from doctor.output import load_for_report, render_as, sanitize_report, write_file
+
+    try:
+        rep, bundle_name = load_for_report(path)
+        if fmt is Format.term:
+            from doctor.render.terminal import render
+
+            render(sanitize_report(rep))
+            return
+        if out is None and fmt is Format.md and sys.stdout.isatty():
+            from rich.console import Console
+            from rich.markdown import Markdown
+
+            from doctor.render.markdown import render_markdown
+
+            Console().print(Markdown(render_markdown(sanitize_report(rep), bundle_name=bundle_name, html=False)))
+            return
+        text = render_as(rep, fmt.value, bundle_name)
+        if out is not None:
+            write_file(out, text)
+            typer.echo(f"wrote {out}", err=True)
+        else:
+            sys.stdout.write(text)
+    except (UserError, RuleError) as exc:
+        _fail(str(exc))
 
 
 @rules_app.command("list")
@@ -225,6 +259,28 @@ def collect(
         collect_local(pids=pid, slurm_job=slurm_job, job=job, out=out, logs=logs)
     except UserError as exc:
         _fail(str(exc))
+
+
+@app.command()
+def tui(
+    path: Optional[Path] = typer.Argument(None, help="A bundle (dir or .tar.gz) or a folder of loose evidence, as --from; default: the job on this host, live."),
+    pid: list[int] = typer.Option([], "--pid", help="Live: these processes (repeatable)."),
+    symptom: Optional[Symptom] = typer.Option(None, "--symptom", help="Skip the first question; default: the walkthrough asks."),
+    logs: list[Path] = typer.Option([], "--logs", help="Extra log files or folders of the job to read."),
+    rules: list[Path] = typer.Option([], "--rules", help="Extra rule files or folders."),
+    budget: float = typer.Option(30.0, "--budget", help="Seconds the live agent may spend per run."),
+    job: Optional[str] = typer.Option(None, "--job", help="Which job on this host (launcher PID), when several run."),
+) -> None:
+    """Walk through a diagnosis and browse the evidence in a terminal UI (keyboard and mouse)."""
+    if path is not None and not path.exists():
+        _fail(f"{path}: no such file or folder")
+    try:
+        from doctor.tui.app import run_tui  # textual is imported here only: --help stays fast
+    except ImportError as exc:
+        _fail(f"the TUI needs textual ({exc}); pip install 'textual>=0.80'")
+        return
+    raise typer.Exit(run_tui(path=path, pids=pid, symptom=symptom.value if symptom else None, logs=logs,
+                             rules_dirs=rules, budget=budget, job=job))
 
 
 def _ruleset(rules: list[Path]):  # noqa: ANN202

@@ -6,6 +6,7 @@ verdict on the cluster and a verdict from the saved bundle come from the same co
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -96,4 +97,8 @@ def diagnose_path(path: Path, symptom: str | None = None, logs: list[Path] | Non
         for problem in bundle.verify():
             trace.add("verify", problem)
     trace.add("gather", f"{len(items)} file(s) from {source['type']} {path}")
-    return analyze(items, source, symptom, probe_runs, rules_dirs, trace)
+    try:
+        return analyze(items, source, symptom, probe_runs, rules_dirs, trace)
+    finally:  # an unpacked archive is not needed once the facts are built
+        if bundle is not None and getattr(bundle, "unpacked", None) is not None:
+            shutil.rmtree(bundle.unpacked, ignore_errors=True)

@@ -3,11 +3,15 @@
 Two layers, as in sos: environment values are kept only for an allowlist of keys that matter
 for diagnosis, and every text that is written (artifacts, reports, logs copied in) goes through
 ``scrub`` which masks tokens, keys, passwords, URL credentials, private keys and JWTs.
+Binary artifacts (flight-recorder pickles, NUL-separated ``/proc`` files) go through
+``scrub_bytes``, which masks in place with the same length so length-prefixed formats stay
+readable. ``HostRedactor`` is the optional third layer (``--redact-hosts``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 ENV_PREFIXES = (
     "NCCL_", "TORCH_", "TORCHELASTIC_", "PYTORCH_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "GLOO_",
@@ -22,32 +26,88 @@ ENV_KEYS = frozenset({
     "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
 })
 # Keys that look allowlisted by prefix but carry credentials in some stacks.
-_ENV_DENY = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE|CREDENTIAL|_KEY$)", re.I)
+_ENV_DENY = re.compile(r"(TOKEN(?!IZERS_PARALLELISM)|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE|CREDENTIAL|_KEY$)", re.I)
 
 MASK = "[REDACTED]"
 
-_PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    # PEM private keys, whole block.
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S), MASK),
-    # Provider tokens with recognizable shapes.
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"), MASK),                       # Hugging Face
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"), MASK),                # GitHub
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}\b"), MASK),
-    (re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}\b"), MASK),     # OpenAI / Anthropic style
-    (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), MASK),                 # AWS access key id
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b"), MASK),              # Slack
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"), MASK),  # JWT
-    # URL credentials: scheme://user:pass@host
-    (re.compile(r"(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+(?=@)"), r"\g<pre>" + MASK),
-    # key=value / key: value where the key names a secret (WANDB_API_KEY=..., password: ...).
-    (re.compile(
-        r"(?P<pre>\b[A-Za-z0-9_.-]*(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|"
-        r"private[_-]?key|auth)[A-Za-z0-9_.-]*\b\s*[=:]\s*[\"']?)(?P<val>[^\s\"',;]{4,})",
-        re.I,
-    ), r"\g<pre>" + MASK),
-    # Authorization headers.
-    (re.compile(r"(?P<pre>\b(?:Bearer|Basic)\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\g<pre>" + MASK),
-]
+# Words that make a key name a secret. ``token`` must not be followed by a letter so that
+# ``max_tokens=4096`` or ``TOKENIZERS_PARALLELISM`` (throughput and config, not secrets) survive.
+_SECRET_WORD = (
+    r"(?:password|passwd|passphrase|secret|token(?![a-z])|api[_-]?key|apikey|access[_-]?key|"
+    r"private[_-]?key|auth(?![a-z])|authorization|credentials?(?![a-z])|session[_-]?key)"
+)
+
+
+def _build(val: str, binary: bool) -> list[tuple[re.Pattern[str], str | None]]:
+    """The secret patterns; ``val`` is the character class of an unquoted secret value.
+
+    Each entry is (pattern, group): the named group is masked, or the whole match when None.
+    The binary variant only ever spans printable ASCII so that it cannot eat the framing bytes
+    of a pickle or the NULs between ``/proc`` entries.
+    """
+    pem_body = r"[ -~\t\r\n]*?" if binary else r".*?"
+    pem_open_end = r"[ -~\t\r\n]*" if binary else r".*"
+    return [
+        # PEM private keys (RSA, EC, OPENSSH, ENCRYPTED, PGP ... BLOCK); the header stays visible
+        # so a reviewer sees what was removed. An unterminated block is masked to its end.
+        (re.compile(
+            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?P<s>" + pem_body
+            + r"(?=-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)|" + pem_open_end + r")",
+            re.S), "s"),
+        # Provider tokens with recognizable shapes.
+        (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), None),                        # Hugging Face
+        (re.compile(r"\bapi_org_[A-Za-z0-9]{20,}"), None),                   # Hugging Face org
+        (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), None),                 # GitHub
+        (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), None),
+        (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), None),                   # GitLab
+        (re.compile(r"\bsk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,}"), None),  # OpenAI / Anthropic
+        (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), None),                # AWS access key id
+        (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), None),                      # Google API key
+        (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), None),               # Slack
+        (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), None),  # JWT
+        # URL credentials: scheme://user:pass@host
+        (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@\x00]+:(?P<s>[^\s@/\x00]+)@"), "s"),
+        # Authorization headers (before key=value, which would otherwise mask only "Bearer").
+        (re.compile(r"\b(?:Bearer|Basic)\s+(?P<s>[A-Za-z0-9._~+/=-]{8,})"), "s"),
+        # Command-line flags with the value as the next argument: --password hunter2, --hf-token X
+        # (separated by a space in a shell line, by a NUL in /proc/PID/cmdline).
+        (re.compile(r"(?<![A-Za-z0-9])--?(?:[A-Za-z0-9]+[-_])*" + _SECRET_WORD
+                    + r"[ \t\x00]+(?:\"(?P<dq>[^\"\n\x00]*)\"|'(?P<sq>[^'\n\x00]*)'|(?P<s>(?!-)" + val + r"+))",
+                    re.I), "dq|sq|s"),
+        # key=value / key: value / "key": "value" where the key names a secret.
+        (re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9_.-]*" + _SECRET_WORD + r"[A-Za-z0-9_.-]*\\?[\"']?"
+                    r"[ \t]*[=:][ \t]*(?:\"(?P<dq>[^\"\n\x00]*)\"|'(?P<sq>[^'\n\x00]*)'|\\?[\"']?(?P<s>"
+                    + val + r"+))", re.I), "dq|sq|s"),
+        # Environment-style keys ending in _KEY (SOME_SERVICE_KEY=...).
+        (re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*_KEY[ \t]*=[ \t]*(?P<s>" + val + r"+)"), "s"),
+    ]
+
+
+_TEXT_PATTERNS = _build(r"[^\s\x00\"'\\,;]", binary=False)
+_BIN_PATTERNS = _build(r"[!#-&(-+\--:<-\[\]-~]", binary=True)  # printable ASCII minus " ' , ; \
+
+
+def _masker(group: str | None, same_length: bool) -> Callable[[re.Match[str]], str]:
+    names = group.split("|") if group else []
+
+    def repl(m: re.Match[str]) -> str:
+        start, end = m.span()
+        for name in names:
+            if m.group(name) is not None:
+                start, end = m.span(name)
+                break
+        secret = m.string[start:end]
+        if not secret or secret == MASK:
+            return m.group(0)
+        mask = "*" * len(secret) if same_length else MASK
+        s0 = m.start()
+        return m.group(0)[: start - s0] + mask + m.group(0)[end - s0:]
+
+    return repl
+
+
+_TEXT_RULES = [(p, _masker(g, False)) for p, g in _TEXT_PATTERNS]
+_BIN_RULES = [(p, _masker(g, True)) for p, g in _BIN_PATTERNS]
 
 
 def env_key_allowed(key: str) -> bool:
@@ -62,36 +122,117 @@ def filter_env(env: dict[str, str]) -> dict[str, str]:
     return {k: scrub(v) for k, v in env.items() if env_key_allowed(k)}
 
 
+_ENV_LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|setenv\s+)?([A-Za-z_][A-Za-z0-9_]*)(?:=|\s)")
+
+
+def filter_env_text(text: str) -> str:
+    """An environment dump (``env`` lines or NUL-separated ``/proc/PID/environ``) cut to the
+    allowlisted keys. Every other line goes, including continuation lines of multi-line values
+    (a PEM key in a variable spans several lines; keeping its body would leak it)."""
+    sep = "\x00" if "\x00" in text else "\n"
+    kept = []
+    for entry in text.split(sep):
+        m = _ENV_LINE.match(entry.strip())
+        if m and env_key_allowed(m.group(1)):
+            kept.append(scrub(entry))
+    return sep.join(kept) + (sep if kept else "")
+
+
 def scrub(text: str) -> str:
-    """Mask anything that looks like a credential."""
-    for pattern, repl in _PATTERNS:
+    """Mask anything that looks like a credential (``[REDACTED]``)."""
+    for pattern, repl in _TEXT_RULES:
         text = pattern.sub(repl, text)
     return text
+
+
+def scrub_bytes(data: bytes) -> bytes:
+    """Mask credentials inside binary data with ``*`` of the same length.
+
+    Keeping the length keeps length-prefixed formats (pickle strings, tar members) parseable;
+    only printable ASCII runs are ever touched.
+    """
+    text = data.decode("latin-1")
+    for pattern, repl in _BIN_RULES:
+        text = pattern.sub(repl, text)
+    return text.encode("latin-1")
+
+
+def is_text(data: bytes) -> bool:
+    """Text is UTF-8 without NULs in its first 8 KiB (``/proc`` NUL files count as binary)."""
+    head = data[:8192]
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 4  # a character cut at the sample's end
+    return True
+
+
+def scrub_any(data: bytes) -> bytes:
+    """``scrub`` for text, ``scrub_bytes`` for everything else."""
+    if is_text(data):
+        return scrub(data.decode("utf-8", errors="replace")).encode()
+    return scrub_bytes(data)
+
+
+_IP = re.compile(r"(?<!\d)(?<!\d\.)(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?!\.?\d)")
+_KEEP_IPS = frozenset({"127.0.0.1", "0.0.0.0", "255.255.255.255"})
+_KEEP_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "none", "unknown"})
 
 
 class HostRedactor:
     """Replace host names and IP addresses consistently (``--redact-hosts``).
 
     The mapping stays with the caller (written outside the bundle) so the engineer can map
-    ``host-3`` back to the real node while the ticket never names it.
+    ``host-3`` back to the real node while the ticket never names it. IPs are found by shape;
+    host names must be registered first (``alias``), since nothing tells a host name from a word.
     """
 
-    _ip = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+    _ip = _IP
 
     def __init__(self, hosts: list[str] | None = None) -> None:
         self.mapping: dict[str, str] = {}
+        self._names_re: re.Pattern[str] | None = None
         for h in hosts or []:
             self.alias(h)
 
     def alias(self, name: str) -> str:
+        """The stable alias of ``name`` (registered on first sight)."""
+        name = name.strip()
+        if not name or name.lower() in _KEEP_NAMES or name in _KEEP_IPS:
+            return name
         if name not in self.mapping:
             prefix = "ip" if self._ip.fullmatch(name) else "host"
-            n = sum(1 for v in self.mapping.values() if v.startswith(prefix + "-"))
+            n = len({v for v in self.mapping.values() if v.startswith(prefix + "-")})
             self.mapping[name] = f"{prefix}-{n}"
+            self._names_re = None
+            short = name.split(".", 1)[0]
+            if prefix == "host" and short != name and len(short) >= 3 and short not in self.mapping:
+                self.mapping[short] = self.mapping[name]  # node07.cluster -> also node07
         return self.mapping[name]
 
+    def _names(self) -> re.Pattern[str] | None:
+        if self._names_re is None:
+            names = sorted((k for k in self.mapping if not self._ip.fullmatch(k)), key=len, reverse=True)
+            if not names:
+                return None
+            self._names_re = re.compile(r"(?<![A-Za-z0-9_-])(?:" + "|".join(map(re.escape, names))
+                                        + r")(?![A-Za-z0-9_-])")
+        return self._names_re
+
     def __call__(self, text: str) -> str:
-        text = self._ip.sub(lambda m: self.alias(m.group(0)) if m.group(0) not in ("127.0.0.1", "0.0.0.0") else m.group(0), text)
-        for name in sorted((k for k in self.mapping if not self._ip.fullmatch(k)), key=len, reverse=True):
-            text = re.sub(rf"\b{re.escape(name)}\b", self.mapping[name], text)
+        text = self._ip.sub(lambda m: m.group(0) if m.group(0) in _KEEP_IPS else self.alias(m.group(0)), text)
+        names = self._names()
+        if names is not None:
+            text = names.sub(lambda m: self.mapping[m.group(0)], text)
         return text
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        """Host redaction for artifacts: text is rewritten, binary data is left alone (an alias
+        of another length would break length-prefixed formats)."""
+        if is_text(data):
+            return self(data.decode("utf-8", errors="replace")).encode()
+        if not data.startswith(b"\x80") and is_text(data.replace(b"\x00", b"\n")):
+            return self(data.decode("utf-8")).encode()  # NUL-separated /proc text
+        return data

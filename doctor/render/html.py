@@ -1,0 +1,302 @@
+"""The HTML report: one self-contained file to attach to a ticket.
+
+Everything is inline (style, script, charts as SVG) and a Content-Security-Policy forbids any
+fetch, so the file opens the same offline, from a mail attachment or an artifact store, and
+cannot call home even if a bug slipped a URL in. All text from the evidence is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+from importlib import resources
+from typing import Any
+
+from doctor import __version__
+from doctor.render import view
+from doctor.report import Report
+from doctor.rule import format_ranks
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
+_MAX_GROUPS_SIDE = 8
+_MAX_FRAMES = 60
+_MAX_MATRIX_RANKS = 64
+_TITLE_RANKS = 2048
+_MAX_ENV = 400
+_MAX_GPU_ROWS = 512
+_MAX_LIST = 200
+_SHOW_EVIDENCE = 10
+_MAX_TRACE = 500
+#: Colour slots for states (``s0``..``s11`` in report.css); some states keep a meaning.
+_FIXED = {"collective": 0, "dataloader_wait": 1, "io": 2, "compute": 3, "training": 3, "healthy": 3,
+          "running": 3, "lock": 4, "dead": 4, "exited": 4, "zombie": 4}
+_N_SLOTS = 12
+
+
+def e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _asset(name: str) -> str:
+    return resources.files("doctor.render").joinpath(name).read_text(encoding="utf-8")
+
+
+def _state_classes(states: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    used: set[int] = set()
+    for s in states:
+        base = s.split(":", 1)[0]
+        if s == view.NO_EVIDENCE:
+            out[s] = "sx"
+        elif base in _FIXED and _FIXED[base] not in used:
+            out[s] = f"s{_FIXED[base]}"
+            used.add(_FIXED[base])
+    free = [i for i in range(_N_SLOTS) if i not in used and i not in _FIXED.values()]
+    free += [i for i in range(_N_SLOTS) if i not in used and i not in free]
+    for s in states:
+        if s not in out:
+            out[s] = f"s{free.pop(0)}" if free else "s8"
+    return out
+
+
+def _verdict(report: Report) -> str:
+    state = str(report.verdict.get("state", "unknown"))
+    return (f'<header class="verdict st-{e(state)}"><div class="inner">'
+            f'<div class="badge">{e(state.upper())}</div>'
+            f'<div><h1 id="verdict">{e(report.verdict.get("summary", ""))}</h1>'
+            f'<p>{e(view.verdict_details(report))}</p></div></div></header>')
+
+
+def _findings(report: Report) -> str:
+    if not report.findings:
+        return '<section id="findings"><h2>Findings</h2><p>No rule fired on this evidence.</p></section>'
+    cards = []
+    for i, f in enumerate(report.findings, 1):
+        rows = [("cause", f'<code>{e(f.cause)}</code> <span class="muted">({e(f.category)})</span>'),
+                ("severity", f'<span class="sev">{e(f.severity)}</span>, confidence {f.confidence:.2f}'
+                             f' <span class="muted">(score {f.score:.3f}, rule <code>{e(f.rule)}</code>'
+                             + (f', also {e(", ".join(f.also_fired))}' if f.also_fired else "") + ")</span>")]
+        if f.ranks:
+            rows.append(("ranks", f"<code>{e(format_ranks(f.ranks))}</code> ({len(f.ranks)})"))
+        if f.hosts:
+            rows.append(("hosts", e(", ".join(f.hosts))))
+        if f.gpus:
+            rows.append(("GPUs", e(", ".join(f.gpus))))
+        dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+        ev = "".join(f"<li>{e(x)}</li>" for x in f.evidence[:_SHOW_EVIDENCE])
+        if len(f.evidence) > _SHOW_EVIDENCE:
+            rest = f.evidence[_SHOW_EVIDENCE:_MAX_LIST]
+            ev += (f"<li><details><summary>{len(f.evidence) - _SHOW_EVIDENCE} more</summary><ul>"
+                   + "".join(f"<li>{e(x)}</li>" for x in rest)
+                   + (f'<li class="muted">... {len(f.evidence) - _MAX_LIST} more in report.json</li>'
+                      if len(f.evidence) > _MAX_LIST else "") + "</ul></details></li>")
+        fix = "".join(f"<li>{e(x)}</li>" for x in f.fix)
+        cards.append(
+            f'<article class="finding sev-{e(f.severity)}"><h3>{i}. {e(f.title)}</h3>'
+            f"<p>{e(f.summary)}</p><dl>{dl}</dl>"
+            + (f"<h4>Evidence</h4><ul>{ev}</ul>" if ev else "")
+            + (f"<h4>Fix</h4><ol>{fix}</ol>" if fix else "") + "</article>")
+    return '<section id="findings"><h2>Findings</h2>' + "".join(cards) + "</section>"
+
+
+def _ranks(report: Report) -> str:
+    states = view.rank_states(report)
+    if not states:
+        return ""
+    summary = view.states_summary(states)
+    cls = _state_classes([s for s, _ in summary])
+    culprits = view.culprit_ranks(report)
+    legend = "".join(
+        f'<button type="button" data-cls="{cls[s]}" data-state="{e(s)}">'
+        f'<span class="sw {cls[s]}"></span>{e(s)}: {len(rs)} <span class="muted mono">{e(format_ranks(rs)[:80])}</span></button>'
+        for s, rs in summary)
+    titled = len(states) <= _TITLE_RANKS
+    cells = []
+    for r, s in states.items():
+        c = cls[s] + (" c" if r in culprits else "")
+        title = f' title="rank {r}: {e(s)}{" (culprit)" if r in culprits else ""}"' if titled else ""
+        cells.append(f'<i class="{c}" data-r="{r}"{title}></i>')
+    big = " big" if len(states) > 1024 else ""
+    out = [f'<section id="ranks"><h2>Where each rank is</h2>'
+           f'<p class="muted">{len(states)} rank(s) by state; outlined cells are the culprits the verdict names. '
+           f'Click a state to highlight its ranks.</p><div class="legend">{legend}</div>'
+           f'<div class="grid{big}" id="rank-grid">{"".join(cells)}</div><p id="rank-status" class="muted mono"></p>']
+    if len(states) <= _MAX_MATRIX_RANKS and len(summary) > 1:
+        head = "".join(f"<th>{r}</th>" for r in states)
+        rows = []
+        for s, rs in summary:
+            members = set(rs)
+            tds = "".join(
+                f'<td class="on{" c" if r in culprits else ""}">&#9679;</td>' if r in members else "<td></td>"
+                for r in states)
+            rows.append(f'<tr><th><span class="sw {cls[s]}"></span>{e(s)}</th>{tds}</tr>')
+        out.append(f'<table class="matrix"><tr><th>state \\ rank</th>{head}</tr>{"".join(rows)}</table>')
+    out.append("</section>")
+    return "".join(out)
+
+
+#: Curves worth a chart, in this order (``metrics.curves`` keys).
+_CHART_METRICS = (("loss", "Loss"), ("step_time", "Step time"), ("grad_norm", "Gradient norm"),
+                  ("loss_scale", "Loss scale"))
+
+
+def _charts(report: Report) -> str:
+    """Charts from ``doctor.charts`` for the curves the evidence has (``metrics.curves``)."""
+    metrics = report.facts.get("metrics")
+    curves = metrics.get("curves") if isinstance(metrics, dict) else None
+    if not isinstance(curves, dict):
+        return ""
+    try:  # optional: the report works without it
+        draw = importlib.import_module("doctor.charts").loss_chart_svg
+    except Exception:
+        return ""
+    figs = []
+    for metric, title in _CHART_METRICS:
+        cur = curves.get(metric)
+        if not isinstance(cur, dict) or not cur.get("values"):
+            continue
+        try:
+            svg = draw(report.facts, metric=metric)
+        except Exception:  # a chart must never cost the report
+            continue
+        if isinstance(svg, str) and svg.lstrip().startswith("<svg") and "<script" not in svg.lower():
+            figs.append(f"<figure>{svg}<figcaption>{e(title)}</figcaption></figure>")
+    if not figs:
+        return ""
+    return '<section id="charts"><h2>Metrics</h2><div class="charts">' + "".join(figs) + "</div></section>"
+
+
+def _stacks(report: Report) -> str:
+    groups = view.stack_groups(report.facts)
+    if not groups:
+        return ""
+    base = groups[0].frames
+    cols = []
+    for k, g in enumerate(groups[:_MAX_GROUPS_SIDE], 1):
+        diff = view.frame_diff(g.frames, base)
+        items = "".join(f'<li class="diff">{e(fr)}</li>' if changed and k > 1 else f"<li>{e(fr)}</li>"
+                        for fr, changed in diff[:_MAX_FRAMES])
+        if len(g.frames) > _MAX_FRAMES:
+            items += f'<li class="muted">... {len(g.frames) - _MAX_FRAMES} more</li>'
+        share = f", {view.pct(g.share)}" if g.share is not None else ""
+        n_diff = sum(1 for _, c in diff if c) if k > 1 else 0
+        cols.append(
+            f'<div class="group{" majority" if k == 1 else ""}"><header><b>Group {k}</b>: {g.n} rank(s){share}'
+            f'{" (majority)" if k == 1 and len(groups) > 1 else ""}<br><span class="mono">{e(format_ranks(g.ranks)[:160])}</span>'
+            f'<br>state <code>{e(g.where)}</code>'
+            + (f'<br>at <span class="mono">{e(g.site)}</span>' if g.site else "")
+            + (f'<br>top <span class="mono">{e(g.top)}</span>' if g.top else "")
+            + (f' &middot; {n_diff} frame(s) differ' if k > 1 else "")
+            + f'</header><ol class="frames mono">{items or "<li class=muted>no frames recorded</li>"}</ol></div>')
+    more = ""
+    if len(groups) > _MAX_GROUPS_SIDE:
+        rest = groups[_MAX_GROUPS_SIDE:]
+        more = (f'<p class="muted">{len(rest)} smaller group(s) with {sum(g.n for g in rest)} rank(s) '
+                "are in report.json and the bundle.</p>")
+    return ('<section id="stacks"><h2>Stack groups</h2><p class="muted">Ranks grouped by identical stacks, '
+            "largest first; highlighted frames differ from the largest group's stack.</p>"
+            f'<div class="groups">{"".join(cols)}</div>{more}</section>')
+
+
+def _env(report: Report) -> str:
+    rows = view.env_rows(report.facts)
+    if not rows:
+        return ""
+    trs = []
+    for r in rows[:_MAX_ENV]:
+        if r.differs:
+            vals = "<br>".join(f"<code>{e(v)}</code> <span class=muted>on {e(view.ranks_phrase(rs)[:120])}</span>"
+                               for v, rs in r.by_value[:8]) or f"<code>{e(r.value)}</code>"
+            trs.append(f'<tr class="diff"><td><b>{e(r.key)}</b> (differs)</td><td>{vals}</td></tr>')
+        else:
+            trs.append(f"<tr><td>{e(r.key)}</td><td><code>{e(r.value)}</code></td></tr>")
+    if len(rows) > _MAX_ENV:
+        trs.append(f'<tr><td colspan="2" class="muted">{len(rows) - _MAX_ENV} more in the bundle</td></tr>')
+    n_diff = sum(r.differs for r in rows)
+    return (f'<section id="env"><h2>Environment</h2><p class="muted">{len(rows)} allowlisted variable(s); '
+            f"{n_diff} differ across ranks (highlighted). Values of other variables are never collected.</p>"
+            f'<table><tr><th>variable</th><th>value</th></tr>{"".join(trs)}</table></section>')
+
+
+def _gpus(report: Report) -> str:
+    cols, rows, flagged = view.gpu_table(report.facts, max_cols=14)
+    if not rows or not cols:
+        return ""
+    named = view.gpu_named(rows, report)
+    order = sorted(range(len(rows)), key=lambda i: (not named[i], not flagged[i], i))[:_MAX_GPU_ROWS]
+    head = "".join(f"<th>{e(c)}</th>" for c in cols)
+    trs = []
+    for i in order:
+        tds = "".join(f"<td>{e(rows[i].get(c, ''))}</td>" for c in cols)
+        trs.append(f'<tr{" class=diff" if named[i] or flagged[i] else ""}>{tds}</tr>')
+    more = (f'<p class="muted">{len(rows) - len(order)} more GPU(s) in report.json.</p>'
+            if len(rows) > len(order) else "")
+    return (f'<section id="gpus"><h2>GPUs</h2><p class="muted">{len(rows)} GPU(s); highlighted: named by a '
+            f'finding or flagged by the GPU probe.</p><table><tr>{head}</tr>{"".join(trs)}</table>{more}</section>')
+
+
+def _evidence(report: Report) -> str:
+    ev = report.facts.get("evidence") if isinstance(report.facts.get("evidence"), dict) else {}
+    parts = [f"<p>{e(ev.get('files', 0))} file(s) used as <code>{e(', '.join(ev.get('kinds', [])) or 'nothing')}</code>.</p>"]
+    for label, key in (("Unusable files", "errors"), ("Ignored files (no probe recognized them)", "ignored")):
+        items = ev.get(key) or []
+        if items:
+            lis = "".join(f"<li>{e(x)}</li>" for x in items[:_MAX_LIST])
+            parts.append(f"<details><summary>{label}: {len(items)}</summary><ul>{lis}</ul></details>")
+    if report.probes:
+        trs = "".join(f"<tr><td>{e(p.get('name', ''))}</td><td>{e(p.get('host', ''))}</td><td>{e(p.get('status', ''))}</td>"
+                      f"<td>{e(p.get('duration_s', ''))}</td><td>{e(p.get('reason', ''))}</td></tr>"
+                      for p in report.probes if isinstance(p, dict))
+        parts.append("<h3>Probes</h3><table><tr><th>probe</th><th>host</th><th>status</th><th>s</th>"
+                     f"<th>reason</th></tr>{trs}</table>")
+    if report.not_evaluable:
+        lis = "".join(f"<li><code>{e(n.get('rule', ''))}</code> ({e(n.get('cause', ''))}): {e(n.get('reason', ''))}</li>"
+                      for n in report.not_evaluable)
+        parts.append(f"<details><summary>Rules not evaluable for lack of evidence: {len(report.not_evaluable)}"
+                     f"</summary><ul>{lis}</ul></details>")
+    for err in report.rule_errors:
+        parts.append(f"<p>Rule <code>{e(err.get('rule', ''))}</code> failed: {e(err.get('error', ''))}</p>")
+    return '<section id="evidence"><h2>Evidence</h2>' + "".join(parts) + "</section>"
+
+
+def _trace(report: Report) -> str:
+    if not report.trace:
+        return ""
+    trs = "".join(
+        f"<tr><td class=mono>{e(s.get('t', ''))}</td><td>{e(s.get('action', ''))}</td><td>{e(s.get('detail', ''))}</td></tr>"
+        for s in report.trace[:_MAX_TRACE])
+    more = f'<p class="muted">{len(report.trace) - _MAX_TRACE} more step(s) in report.json.</p>' if len(report.trace) > _MAX_TRACE else ""
+    return (f'<section id="trace"><h2>How mldoctor got here</h2><table><tr><th>t (s)</th><th>step</th>'
+            f"<th>detail</th></tr>{trs}</table>{more}</section>")
+
+
+def _reproduce(report: Report, bundle_name: str | None) -> str:
+    cmds = "\n".join(view.reproduce_commands(report, bundle_name))
+    where = f"the bundle <code>{e(bundle_name)}</code>" if bundle_name else "the same evidence"
+    return (f'<section id="reproduce"><h2>Reproduce</h2><p>From {where}, offline, on any machine with mldoctor:</p>'
+            f'<button type="button" class="copy" data-target="repro-cmd">copy</button>'
+            f'<pre id="repro-cmd">{e(cmds)}</pre></section>')
+
+
+def render_html(report: Report, *, bundle_name: str | None = None) -> str:
+    """The whole report as one HTML document (no external resources)."""
+    state = str(report.verdict.get("state", "unknown"))
+    sections = [_findings(report), _ranks(report), _charts(report), _stacks(report), _env(report),
+                _gpus(report), _evidence(report), _trace(report), _reproduce(report, bundle_name)]
+    titles = {"findings": "Findings", "ranks": "Ranks", "charts": "Metrics", "stacks": "Stacks",
+              "env": "Environment", "gpus": "GPUs", "evidence": "Evidence", "trace": "Trace",
+              "reproduce": "Reproduce"}
+    present = [sid for sid in titles if any(sec.startswith(f'<section id="{sid}"') for sec in sections)]
+    nav = "<nav>" + "".join(f'<a href="#{sid}">{titles[sid]}</a>' for sid in present) + "</nav>"
+    body = [
+        _verdict(report), nav, "<main>", *sections, "</main>",
+        f"<footer>mldoctor {e(__version__)}, report created {e(report.created)}; source: "
+        f"{e((report.source or {}).get('type', ''))}.</footer>",
+    ]
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>mldoctor: {e(state.upper())} - {e(view.job_name(report))}</title>"
+            f"<style>{_asset('report.css')}</style></head>\n<body>\n"
+            + "\n".join(b for b in body if b)
+            + f"\n<script>{_asset('report.js')}</script>\n</body></html>\n")

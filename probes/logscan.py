@@ -1,0 +1,692 @@
+"""Streaming scan of one log file against the signature library (``doctor/signatures/*.yaml``).
+
+Why streaming: job logs reach gigabytes (NCCL_DEBUG=INFO at scale, weeks of step lines). A file
+is read line by line with a cap on line length (a NUL-filled hole or a progress bar without a
+newline must not become one huge string), every signature's hits are counted but only the first
+few per signature are kept as events, and aggregates (NCCL versions per host, transports,
+loss scales) are folded in as lines go by. Memory stays flat whatever the file size.
+
+Why a prefilter: each signature names literal ``needle``s that every matching line contains; one
+combined regex of all needles rejects most lines before any signature regex runs.
+
+Besides signatures, three small state machines follow the line stream: Python tracebacks (one per
+``[rankN]:`` stream, so interleaved ranks do not mix), torchrun's failure summary (the
+``Failures:`` / ``Root Cause`` block with rank, exit code and signal), and line prefixes
+(``[rankN]:``, ``[defaultN]:``, ``[1,N]<stdout>:``, NCCL's ``host:pid:tid [dev]``).
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import re
+import signal as _signal
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from doctor.redact import scrub
+
+MAX_LINE = 8192            # bytes of one line looked at; the rest of a longer line is skipped
+EVENTS_PER_SIG = 20        # events kept per signature and file (all hits are still counted)
+MAX_TRACEBACKS = 64        # tracebacks kept per file
+MAX_EXITS = 4096           # rank exits kept per file
+TEXT_CHARS = 300           # characters of a line kept in an event
+ROLES = ("first_failure", "cascade", "context")
+SEVERITIES = ("critical", "high", "medium", "low", "info")
+_INT_FIELDS = {
+    "rank", "rank2", "pid", "seq", "seq2", "timeout_ms", "ran_ms", "numel_in", "numel_out",
+    "exitcode", "signum", "code", "last_enqueued", "last_completed", "world_size", "joined",
+    "local_rank", "done", "count", "seconds", "nranks", "comm_rank", "cuda_dev", "nvml_dev",
+    "status", "worker", "root", "size", "size2", "got", "expected", "value", "total_vm_kb",
+    "anon_rss_kb", "bytes", "port",
+}
+_FLOAT_FIELDS = {"scale", "scale2", "attempted", "attempted2"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One entry of the signature library."""
+
+    id: str
+    kind: str
+    needles: tuple[str, ...]
+    regex: re.Pattern[str]
+    role: str
+    severity: str
+    priority: int
+    means: str
+    source: str
+    examples: tuple[str, ...]
+    ignorecase: bool = False
+    shadows: tuple[str, ...] = ()
+    file: str = ""
+
+    def needle_in(self, line: str, lower: str) -> bool:
+        hay = lower if self.ignorecase else line
+        return any(n in hay for n in self.needles)
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Library:
+    """All signatures, with the needle prefilter built once.
+
+    Why not one big regex of the needles: Python's re tries every alternative at nearly every
+    position (about 30 us a line for ~130 needles). Instead each needle gets a keyword, a whole
+    word inside it ("Watchdog", "Duplicate", "preamble"); a line's words are collected once and
+    intersected with the keyword set (C speed), and only needles whose keyword occurs are
+    confirmed with a substring test. Needles without a usable word are tested directly.
+    """
+
+    signatures: tuple[Signature, ...]
+    by_needle: dict[str, tuple[Signature, ...]]   # needle (lowercase when ignorecase) -> signatures
+    keywords: dict[str, tuple[str, ...]]          # keyword -> case-sensitive needles holding it
+    keyword_set: frozenset[str]
+    loose: tuple[str, ...]                        # case-sensitive needles without a keyword
+    loose_i: tuple[str, ...]                      # case-insensitive needles (tested on the lowercased line)
+    order: dict[str, int]                         # signature id -> position in the library
+
+    def needles_in(self, line: str) -> set[str]:
+        found: set[str] = set()
+        kws = self.keyword_set.intersection(_WORD.findall(line))
+        for kw in kws:
+            for n in self.keywords[kw]:
+                if n in line:
+                    found.add(n)
+        for n in self.loose:
+            if n in line:
+                found.add(n)
+        if self.loose_i:
+            low = line.lower()
+            for n in self.loose_i:
+                if n in low:
+                    found.add(n)
+        return found
+
+    def hit(self, line: str) -> bool:
+        """Does the line contain any needle? (the cheap test every line goes through)"""
+        return bool(self.needles_in(line))
+
+    def candidates(self, line: str) -> list[Signature]:
+        """Signatures whose needles occur in the line, in library order."""
+        found = self.needles_in(line)
+        if not found:
+            return []
+        sigs: dict[str, Signature] = {}
+        for word in found:
+            for sig in self.by_needle.get(word, ()):
+                sigs[sig.id] = sig
+        if len(sigs) == 1:
+            return list(sigs.values())
+        return sorted(sigs.values(), key=lambda s: self.order[s.id])
+
+
+def _keyword(needle: str) -> str | None:
+    """The word of a needle to look for among a line's words: preferably one bounded inside the
+    needle by non-word characters on both sides (it is a whole word wherever the needle occurs),
+    else one at the needle's edge (a whole word in practice: the signature examples, all checked
+    by the tests, must pass the prefilter); None when only a fragment is left ("ibv_")."""
+    inner = edge = None
+    for m in _WORD.finditer(needle):
+        word = m.group()
+        if len(word) < 3 or word.endswith("_"):
+            continue
+        left_ok = m.start() > 0 and not (needle[m.start() - 1].isalnum() or needle[m.start() - 1] == "_")
+        right_ok = m.end() < len(needle) and not (needle[m.end()].isalnum() or needle[m.end()] == "_")
+        if left_ok and right_ok:
+            if inner is None or len(word) > len(inner):
+                inner = word
+        elif edge is None or len(word) > len(edge):
+            edge = word
+    return inner or edge
+
+
+class LibraryError(ValueError):
+    """A signature file is malformed (caught by the tests, never at a user's site)."""
+
+
+def _load_file(name: str, text: str) -> list[Signature]:
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or not isinstance(data.get("signatures"), list):
+        raise LibraryError(f"{name}: expected a mapping with a 'signatures' list")
+    out = []
+    for i, raw in enumerate(data["signatures"]):
+        where = f"{name}[{i}]"
+        if not isinstance(raw, dict):
+            raise LibraryError(f"{where}: each signature must be a mapping")
+        missing = [k for k in ("id", "kind", "needle", "regex", "role", "severity", "priority",
+                               "means", "source", "examples") if k not in raw]
+        if missing:
+            raise LibraryError(f"{where}: missing {', '.join(missing)}")
+        if raw["role"] not in ROLES or raw["severity"] not in SEVERITIES:
+            raise LibraryError(f"{where} ({raw['id']}): bad role or severity")
+        needles = raw["needle"] if isinstance(raw["needle"], list) else [raw["needle"]]
+        ignorecase = bool(raw.get("ignorecase", False))
+        try:
+            rx = re.compile(raw["regex"], re.I if ignorecase else 0)
+        except re.error as exc:
+            raise LibraryError(f"{where} ({raw['id']}): bad regex: {exc}") from None
+        out.append(Signature(
+            id=str(raw["id"]), kind=str(raw["kind"]),
+            needles=tuple(n.lower() if ignorecase else n for n in needles),
+            regex=rx, role=raw["role"], severity=raw["severity"], priority=int(raw["priority"]),
+            means=str(raw["means"]), source=str(raw["source"]),
+            examples=tuple(str(e) for e in raw["examples"] or ()), ignorecase=ignorecase,
+            shadows=tuple(raw.get("shadows", []) or ()), file=name,
+        ))
+    return out
+
+
+@lru_cache(maxsize=1)
+def library() -> Library:
+    """Load every ``doctor/signatures/*.yaml`` once per process."""
+    base = resources.files("doctor") / "signatures"
+    sigs: list[Signature] = []
+    for entry in sorted(base.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            sigs.extend(_load_file(entry.name, entry.read_text(encoding="utf-8")))
+    ids = [s.id for s in sigs]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise LibraryError(f"duplicate signature ids: {', '.join(dup)}")
+    by_needle: dict[str, list[Signature]] = {}
+    for s in sigs:
+        for n in s.needles:
+            by_needle.setdefault(n, []).append(s)
+    exact = sorted({n for s in sigs if not s.ignorecase for n in s.needles})
+    keywords: dict[str, list[str]] = {}
+    loose = []
+    for n in exact:
+        kw = _keyword(n)
+        if kw is None:
+            loose.append(n)
+        else:
+            keywords.setdefault(kw, []).append(n)
+    return Library(
+        signatures=tuple(sigs),
+        by_needle={k: tuple(v) for k, v in by_needle.items()},
+        keywords={k: tuple(v) for k, v in keywords.items()},
+        keyword_set=frozenset(keywords),
+        loose=tuple(loose),
+        loose_i=tuple(sorted({n for s in sigs if s.ignorecase for n in s.needles})),
+        order={s.id: i for i, s in enumerate(sigs)},
+    )
+
+
+# -- line prefixes, hosts, times -------------------------------------------------------------
+
+# torchrun --tee: "[default0]:"; torch's excepthook / TORCH_LOGS: "[rank0]:" (scripts: "[rank0] "); OpenMPI
+# --tag-output: "[1,3]<stdout>:"; prefixes nest ("[default1]:[rank1]:V1202 ...").
+_PREFIX = re.compile(r"\[(?:rank(?P<rank>\d+)\]:?|default(?P<local>\d+)\]:|\d+,(?P<mpi>\d+)\]<std(?:out|err)>:)\s?")
+_NCCL = re.compile(r"^(?:\[\d{4}-\d\d-\d\d [\d:.]+\] )?(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL (?P<level>INFO|WARN|TRACE|ABORT|ERROR)\b")
+_SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?) (?P<host>[\w.-]+) kernel:")
+_IN_MSG_RANK = re.compile(r"\[(?:PG ID \d+ PG GUID [^\]]*? )?Rank (?P<rank>\d+)\]")
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug",
+                                       "Sep", "Oct", "Nov", "Dec"), 1)}
+_T_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d+))?")
+_T_GLOG = re.compile(r"(?:^|\[)[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\.(?P<f>\d+)")
+_T_DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>[A-Z][a-z]{2}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) (?P<y>\d{4})\]")
+_T_SYSLOG = re.compile(r"^(?P<mon>[A-Z][a-z]{2}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) ")
+
+
+def parse_time(line: str, year: int) -> tuple[str, float | None]:
+    """(the time as written, epoch seconds or None) from the first timestamp near the line's start.
+
+    Formats: ISO / Python logging / torchrun's failure summary (``2026-12-02_13:21:08``), glog
+    (``W1202 13:21:08.794000``, no year: ``year`` is assumed), ``dmesg -T``, syslog/journal.
+    The epoch is computed as UTC; logs from one host compare correctly, across hosts only as
+    well as their clocks agree.
+    """
+    head = line[:160]
+    for rx, has_year in ((_T_ISO, True), (_T_GLOG, False), (_T_DMESG_T, True), (_T_SYSLOG, False)):
+        m = rx.search(head) if rx is not _T_SYSLOG and rx is not _T_DMESG_T else rx.match(head)
+        if not m:
+            continue
+        g = m.groupdict()
+        mo = int(g["mo"]) if g.get("mo") else _MONTHS.get(g.get("mon") or "", 0)
+        y = int(g["y"]) if has_year and g.get("y") else year
+        try:
+            ts = calendar.timegm((y, mo, int(g["d"]), int(g["h"]), int(g["mi"]), int(g["s"]), 0, 0, 0))
+        except (ValueError, OverflowError):
+            return m.group(0), None
+        frac = g.get("f")
+        if frac:
+            ts += float("0." + frac)
+        return m.group(0).lstrip("["), float(ts)
+    return "", None
+
+
+def signal_name(exitcode: int | None) -> str:
+    """``-9`` -> ``SIGKILL`` (a negative exit code from the launcher is a signal)."""
+    if exitcode is None or exitcode >= 0:
+        return ""
+    try:
+        return _signal.Signals(-exitcode).name
+    except ValueError:
+        return f"SIG{-exitcode}"
+
+
+# -- per-file scan state ---------------------------------------------------------------------
+
+_TB_START = ("Traceback (most recent call last):", "Original Traceback (most recent call last):")
+_TB_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+_EXC_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z_]\w*)(?::\s?(?P<msg>.*))?$")
+_FB_HEADER = re.compile(r"^(?P<what>Failures|Root Cause \(first observed failure\)):\s*$")
+_FB_ENTRY = re.compile(r"^\[(?P<n>\d+)\]:\s*$")
+_FB_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s*(?P<val>.*?)\s*$")
+_FB_RANK = re.compile(r"^(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
+_FB_EXIT = re.compile(r"^(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?(?:\s+\((?P<sig>SIG\w+)\))?")
+_CASCADE_EXC = ("KeyboardInterrupt", "SignalException", "SystemExit")
+_LAUNCHER_EXC = ("ChildFailedError",)
+
+
+@dataclass
+class _Traceback:
+    rank: int | None
+    line: int
+    last_frame: str = ""
+    frames: int = 0
+
+
+@dataclass
+class _FailureBlock:
+    section: str = ""           # "failures" | "root"
+    entry: dict[str, str] = field(default_factory=dict)
+    entry_line: int = 0
+
+
+@dataclass
+class Scan:
+    """What one log file says, small enough to keep whatever the file size."""
+
+    path: str
+    rank_hint: int | None = None
+    host_hint: str | None = None
+    year: int = 1970
+    lines: int = 0
+    long_lines: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    sig_counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    tracebacks: list[dict[str, Any]] = field(default_factory=list)
+    n_tracebacks: int = 0
+    exits: list[dict[str, Any]] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    world_size: int = 0
+    nccl_versions: dict[str, set[str]] = field(default_factory=dict)   # host -> versions
+    transports: set[str] = field(default_factory=set)
+    ifaces: set[str] = field(default_factory=set)
+    nets: set[str] = field(default_factory=set)
+    nccl_hosts: set[str] = field(default_factory=set)
+    init_complete: set[tuple[str, int]] = field(default_factory=set)  # (host, pid)
+    comm_devices: dict[str, list[list[Any]]] = field(default_factory=dict)  # commId -> [host, pid, rank, busId]
+    loss_scales: list[float] = field(default_factory=list)
+    recompile_functions: dict[str, int] = field(default_factory=dict)
+    pid_rank: dict[int, int] = field(default_factory=dict)
+    waits: list[dict[str, Any]] = field(default_factory=list)  # every collective timeout seen
+    _tb: dict[Any, _Traceback] = field(default_factory=dict)
+    _fb: _FailureBlock = field(default_factory=_FailureBlock)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "lines": self.lines, "long_lines": self.long_lines,
+            "events": self.events, "sig_counts": self.sig_counts, "counts": self.counts,
+            "tracebacks": self.tracebacks, "n_tracebacks": self.n_tracebacks, "exits": self.exits,
+            "ranks": sorted(self.ranks), "hosts": sorted(self.hosts), "world_size": self.world_size,
+            "nccl_versions": {h: sorted(v) for h, v in self.nccl_versions.items()},
+            "transports": sorted(self.transports), "nets": sorted(self.nets), "ifaces": sorted(self.ifaces),
+            "nccl_hosts": sorted(self.nccl_hosts),
+            "init_complete": len(self.init_complete), "comm_devices": self.comm_devices,
+            "loss_scales": self.loss_scales[-2000:], "recompile_functions": self.recompile_functions,
+            "pid_rank": {str(k): v for k, v in self.pid_rank.items()}, "waits": self.waits,
+        }
+
+
+def iter_lines(path: Path, max_line: int = MAX_LINE):
+    """Yield (bytes of the line, capped; True when the line was longer and cut) without ever
+    holding more than one capped line in memory."""
+    with open(path, "rb") as fh:
+        while True:
+            raw = fh.readline(max_line)
+            if not raw:
+                return
+            if len(raw) >= max_line and not raw.endswith(b"\n"):
+                while True:  # skip the rest of an overlong line (a NUL hole, a binary blob) in 1 MiB reads
+                    chunk = fh.read(1 << 20)
+                    if not chunk:
+                        break
+                    nl = chunk.find(b"\n")
+                    if nl >= 0:
+                        fh.seek(nl + 1 - len(chunk), os.SEEK_CUR)
+                        break
+                yield raw, True
+            else:
+                yield raw, False
+
+
+def _convert(name: str, value: str | None) -> Any:
+    if value is None:
+        return None
+    if name in _INT_FIELDS:
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    if name in _FLOAT_FIELDS:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value.strip()[:200]
+
+
+def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str | None = None,
+              year: int | None = None) -> Scan:
+    """Scan one file; see the module docstring."""
+    lib = library()
+    if year is None:
+        try:
+            year = time.gmtime(path.stat().st_mtime).tm_year
+        except OSError:
+            year = time.gmtime().tm_year
+    scan = Scan(rel, rank_hint, host_hint, year)
+    lineno = 0
+    for raw, cut in iter_lines(path):
+        lineno += 1
+        scan.lines = lineno
+        if cut:
+            scan.long_lines += 1
+        if b"\x00" in raw:
+            raw = raw.replace(b"\x00", b"")
+            if not raw.strip():
+                continue
+        text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        # Progress bars rewrite the line with \r; each segment is a line of its own.
+        for seg in text.split("\r") if "\r" in text else (text,):
+            if seg:
+                _line(scan, lib, seg, lineno)
+    _flush_block(scan)
+    for key in list(scan._tb):
+        _end_traceback(scan, key, None, lineno)
+    return scan
+
+
+def _strip_prefixes(line: str) -> tuple[str, int | None]:
+    """Remove nested launcher prefixes; the innermost rank-like prefix wins."""
+    rank = None
+    while line.startswith("["):
+        m = _PREFIX.match(line)
+        if not m:
+            break
+        for key in ("rank", "mpi", "local"):
+            if m.group(key) is not None:
+                if key != "local" or rank is None:
+                    rank = int(m.group(key))
+                break
+        line = line[m.end():]
+    return line, rank
+
+
+def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
+    body, prefix_rank = _strip_prefixes(line)
+    host = None
+    pid = None
+    if " NCCL " in body:
+        m = _NCCL.match(body)
+        if m:
+            host, pid = m.group("host"), int(m.group("pid"))
+            scan.nccl_hosts.add(host)
+    elif "kernel:" in body[:80]:
+        m = _SYSLOG_HOST.match(body)
+        if m:
+            host = m.group("host")
+    stream_rank = prefix_rank if prefix_rank is not None else scan.rank_hint
+    if stream_rank is not None and prefix_rank is not None:
+        scan.ranks.add(prefix_rank)
+    _traceback_step(scan, body, prefix_rank, stream_rank, lineno)
+    _block_step(scan, body, lineno)
+    cands = lib.candidates(body)
+    if not cands:
+        return
+    seen_kinds: set[str] = set()
+    shadowed: set[str] = set()
+    hits = []
+    for sig in cands:
+        m = sig.regex.search(body)
+        if not m or sig.kind in seen_kinds:
+            continue
+        seen_kinds.add(sig.kind)
+        shadowed.update(sig.shadows)
+        hits.append((sig, m))
+    for sig, m in hits:
+        if sig.kind in shadowed:
+            continue
+        _hit(scan, sig, m, body, lineno, prefix_rank, host, pid)
+
+
+def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
+         prefix_rank: int | None, host: str | None, pid: int | None) -> None:
+    scan.sig_counts[sig.id] = scan.sig_counts.get(sig.id, 0) + 1
+    scan.counts[sig.kind] = scan.counts.get(sig.kind, 0) + 1
+    fields = {k: _convert(k, v) for k, v in m.groupdict().items() if v is not None}
+    rank = fields.get("rank") if isinstance(fields.get("rank"), int) else None
+    if rank is None and sig.kind != "desync_lagging":
+        rank = prefix_rank
+        if rank is None:
+            mm = _IN_MSG_RANK.search(body[:300])
+            rank = int(mm.group("rank")) if mm else scan.rank_hint
+    if rank is not None and sig.kind not in ("desync_lagging", "duplicate_gpu", "collective_mismatch"):
+        scan.ranks.add(rank)
+    host = host or fields.get("host") or scan.host_hint
+    if host:
+        scan.hosts.add(host)
+    _aggregate(scan, sig, fields, host, pid, rank)
+    if scan.sig_counts[sig.id] > EVENTS_PER_SIG:
+        return
+    when, ts = parse_time(body, scan.year)
+    scan.events.append({
+        "sig": sig.id, "kind": sig.kind, "role": sig.role, "severity": sig.severity,
+        "priority": sig.priority, "rank": rank, "host": host or "", "file": scan.path,
+        "line": lineno, "time": when, "ts": ts, "text": scrub(body.strip())[:TEXT_CHARS],
+        "fields": fields, "pid": pid if pid is not None else fields.get("pid") if isinstance(fields.get("pid"), int) else None,
+    })
+
+
+def _aggregate(scan: Scan, sig: Signature, f: dict[str, Any], host: str | None, pid: int | None,
+               rank: int | None) -> None:
+    """Fold every hit (not only the kept events) into the file's aggregates."""
+    k = sig.kind
+    if k in ("watchdog_timeout", "gloo_timeout"):
+        if len(scan.waits) < MAX_EXITS:
+            scan.waits.append({"rank": rank, "host": host or "", "backend": "gloo" if k == "gloo_timeout" else "nccl",
+                               "seq": f.get("seq"), "op": f.get("op"), "numel_in": f.get("numel_in"),
+                               "timeout_ms": f.get("timeout_ms"), "ran_ms": f.get("ran_ms")})
+    elif k == "nccl_version" and f.get("nccl_version"):
+        scan.nccl_versions.setdefault(host or "", set()).add(str(f["nccl_version"]))
+    elif k == "nccl_transport" and f.get("transport"):
+        scan.transports.add("/".join(str(f["transport"]).split("/")[:2]))  # P2P/IPC, NET/IB, SHM/direct
+    elif k == "nccl_net" and f.get("net"):
+        scan.nets.add(str(f["net"]))
+    elif k in ("nccl_init_complete", "nccl_init_start"):
+        if k == "nccl_init_complete":
+            scan.init_complete.add((host or "", pid or 0))
+        if isinstance(f.get("nranks"), int):
+            scan.world_size = max(scan.world_size, f["nranks"])
+        if f.get("comm_id") and f.get("bus_id") is not None:
+            rows = scan.comm_devices.setdefault(str(f["comm_id"]), [])
+            row = [host or "", pid or 0, f.get("comm_rank"), str(f["bus_id"])]
+            if len(rows) < 1024 and row not in rows:
+                rows.append(row)
+    elif k == "nccl_bootstrap" and f.get("iface"):
+        scan.ifaces.add(str(f["iface"]))
+    elif k == "fp16_skip":
+        scale = f.get("scale", f.get("scale2"))
+        if isinstance(scale, float):
+            scan.loss_scales.append(scale)
+            if len(scan.loss_scales) > 4000:
+                del scan.loss_scales[:2000]
+    elif k == "recompile" and f.get("function"):
+        fn = str(f["function"])
+        if fn in scan.recompile_functions or len(scan.recompile_functions) < 50:
+            scan.recompile_functions[fn] = scan.recompile_functions.get(fn, 0) + 1
+    elif k == "rank_exit" and sig.id == "elastic_failed_exit":
+        _add_exit(scan, {"rank": None, "local_rank": f.get("local_rank"), "pid": f.get("pid"),
+                         "exitcode": f.get("exitcode"), "signal": signal_name(f.get("exitcode")),
+                         "host": host or "", "root_cause": True, "source": "launcher"})
+    elif k == "rank_exit" and sig.id == "slurm_task_failed":
+        tasks = str(f.get("tasks", ""))
+        what = str(f.get("what", ""))
+        sig_name = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT",
+                    "Terminated": "SIGTERM", "Bus error": "SIGBUS"}.get(what, "")
+        for t in _expand_tasks(tasks):
+            _add_exit(scan, {"rank": t, "local_rank": None, "pid": None,
+                             "exitcode": f.get("exitcode") if isinstance(f.get("exitcode"), int) else None,
+                             "signal": sig_name, "host": host or "", "root_cause": False, "source": "slurm"})
+    if isinstance(f.get("world_size"), int):
+        scan.world_size = max(scan.world_size, f["world_size"])
+
+
+def _expand_tasks(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        if "-" in part:
+            a, _, b = part.partition("-")
+            if a.isdigit() and b.isdigit() and int(b) - int(a) < 100000:
+                out.extend(range(int(a), int(b) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+    return out[:MAX_EXITS]
+
+
+def _add_exit(scan: Scan, ex: dict[str, Any]) -> None:
+    if len(scan.exits) < MAX_EXITS:
+        scan.exits.append(ex)
+
+
+# -- tracebacks ------------------------------------------------------------------------------
+
+def _traceback_step(scan: Scan, body: str, prefix_rank: int | None, stream_rank: int | None,
+                    lineno: int) -> None:
+    key = prefix_rank
+    tb = scan._tb.get(key)
+    if body.startswith(_TB_START):
+        if tb is not None:
+            _end_traceback(scan, key, None, lineno)
+        scan._tb[key] = _Traceback(stream_rank, lineno)
+        return
+    if tb is None:
+        return
+    m = _TB_FRAME.match(body)
+    if m:
+        tb.frames += 1
+        tb.last_frame = f"{m.group('file')}:{m.group('line')} in {m.group('func').strip()}"
+        return
+    if not body.strip() or body.startswith((" ", "\t")):
+        if lineno - tb.line > 400:  # a lost traceback (output cut): forget it
+            del scan._tb[key]
+        return
+    m = _EXC_LINE.match(body.strip())
+    if m and tb.frames:
+        _end_traceback(scan, key, m, lineno)
+    elif lineno - tb.line > 400 or not tb.frames:
+        del scan._tb[key]
+
+
+def _end_traceback(scan: Scan, key: Any, m: re.Match[str] | None, lineno: int) -> None:
+    tb = scan._tb.pop(key, None)
+    if tb is None or m is None:
+        return
+    scan.n_tracebacks += 1
+    etype = m.group("type")
+    msg = (m.group("msg") or "").strip()
+    short = etype.rsplit(".", 1)[-1]
+    kinds, roles = _message_kinds(msg)
+    if short in _LAUNCHER_EXC:
+        role = "context"
+    elif short in _CASCADE_EXC or ("cascade" in roles and "first_failure" not in roles):
+        role = "cascade"
+    else:
+        role = "first_failure"
+    if tb.rank is not None:
+        scan.ranks.add(tb.rank)
+    rec = {
+        "rank": tb.rank, "exc_type": etype, "message": scrub(msg)[:TEXT_CHARS],
+        "last_frame": tb.last_frame[-200:], "role": role, "file": scan.path, "line": tb.line,
+        "exc_line": lineno, "kinds": kinds,
+    }
+    if len(scan.tracebacks) < MAX_TRACEBACKS:
+        scan.tracebacks.append(rec)
+
+
+def _message_kinds(msg: str) -> tuple[list[str], set[str]]:
+    """The signature kinds and roles an exception message matches: a message that only matches
+    cascade signatures (closed peer, timeout) is what a rank sees when *another* rank failed."""
+    if not msg:
+        return [], set()
+    hits = [s for s in library().candidates(msg) if s.regex.search(msg)]
+    return sorted({s.kind for s in hits}), {s.role for s in hits}
+
+
+# -- torchrun failure summary ----------------------------------------------------------------
+
+def _block_step(scan: Scan, body: str, lineno: int) -> None:
+    """Follow torchrun's failure summary: headers, ``[n]:`` entries, ``key : value`` fields."""
+    fb = scan._fb
+    if not fb.section and not body.startswith(("Failures", "Root Cause")):
+        return
+    m = _FB_HEADER.match(body)
+    if m:
+        _flush_block(scan)
+        fb.section = "root" if m.group("what").startswith("Root") else "failures"
+        return
+    if not fb.section:
+        return
+    if _FB_ENTRY.match(body):
+        _flush_block(scan)
+        fb.entry_line = lineno
+        return
+    m = _FB_FIELD.match(body)
+    if m:
+        fb.entry[m.group("key")] = m.group("val")
+        return
+    _flush_block(scan)
+    if not (body.startswith("----") or not body.strip() or "<NO_OTHER_FAILURES>" in body):
+        fb.section = ""  # "====" closes the summary; anything else means we lost track of it
+
+
+def _flush_block(scan: Scan) -> None:
+    """Turn the failure-summary entry read so far into a rank exit."""
+    fb = scan._fb
+    e = fb.entry
+    fb.entry = {}
+    if not e:
+        return
+    mr = _FB_RANK.match(e.get("rank", ""))
+    mx = _FB_EXIT.match(e.get("exitcode", ""))
+    code = int(mx.group("code")) if mx else None
+    pid = int(mx.group("pid")) if mx and mx.group("pid") else None
+    rank = int(mr.group("rank")) if mr else None
+    local = int(mr.group("local")) if mr and mr.group("local") else None
+    if rank is not None:
+        scan.ranks.add(rank)
+        if pid is not None:
+            scan.pid_rank[pid] = rank
+    host = e.get("host") or scan.host_hint or ""
+    if host:
+        scan.hosts.add(host)
+    when, ts = parse_time(e.get("time", ""), scan.year)
+    _add_exit(scan, {
+        "rank": rank, "local_rank": local, "pid": pid, "exitcode": code,
+        "signal": (mx.group("sig") if mx and mx.group("sig") else signal_name(code)),
+        "host": host, "root_cause": fb.section == "root", "source": "launcher",
+        "time": when, "ts": ts, "line": fb.entry_line,
+    })

@@ -32,7 +32,9 @@ PROBE_TIMEOUT = 10.0
 FOLLOW_UPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "stacks": [("stacks", {})],
     "stacks_native": [("stacks", {"native": True})],
-    "snapshots": [("stacks", {"snapshot": "next"}), ("procs", {"snapshot": "next"})],
+    "stacks_workers": [("stacks", {"workers": True})],
+    "snapshots": [],  # handled by the loop: another stacks+procs snapshot after a longer gap
+    "stacks_snapshot": [],
     "env": [("env", {})],
     "system": [("system", {})],
     "procs": [("procs", {"snapshot": "next"})],
@@ -42,6 +44,8 @@ FOLLOW_UPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "gpu": [("gpu", {})],
     "gpu_samples": [("gpu", {"gpu_samples": 10})],
     "samples": [("samples", {})],
+    "samples_again": [("samples", {"again": True})],
+    "samples_again": [("samples", {"window": "again"})],  # a second window, later (one-off or pattern)
     "metrics": [("metrics", {})],
     "slurm": [("slurm", {})],
 }
@@ -85,6 +89,9 @@ class Collector:
                 status, reason = "failed", f"internal error: {type(exc).__name__}: {one_line(exc)}"
             return ProbeRun(name, status, reason, round(time.perf_counter() - t0, 3), self.job.host, ctx.written)
 
+        if any(o.get("snapshot") == "next" for _, o in requests):
+            self.snapshot += 1
+            requests = [(n, {**o, "snapshot": self.snapshot} if o.get("snapshot") == "next" else o) for n, o in requests]
         with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
             futures = {pool.submit(one, n, o): (n, o) for n, o in requests}
             finished, pending = wait(futures, timeout=PROBE_TIMEOUT * 2)
@@ -136,7 +143,9 @@ def collect_job(job: targets.Job, bundle: Bundle, trace: Trace, options: dict[st
 def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, symptom: str | None = None,
                   logs: list[Path] | None = None, rules_dirs: list[Path] | None = None,
                   budget: float = 30.0, duration: float = 10.0, job: str | None = None,
-                  out: Path | None = None, redact_hosts: bool = False) -> Report:
+                  out: Path | None = None, redact_hosts: bool = False,
+                  trace: Trace | None = None) -> Report:
+    """``trace``: pass one to watch the steps while it runs (the TUI polls it from a thread)."""
     if slurm_job:
         try:
             from doctor import slurm
@@ -145,7 +154,7 @@ def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, s
         return slurm.diagnose_slurm_job(slurm_job, symptom=symptom, rules_dirs=rules_dirs, budget=budget,
                                         out=out, redact_hosts=redact_hosts)
     t_start = time.perf_counter()
-    trace = Trace()
+    trace = trace if trace is not None else Trace()
     the_job = targets.pick_job(targets.discover(pids or None), job)
     trace.add("discover", the_job.describe() + f"; {len(the_job.workers)} DataLoader worker(s)")
     tmp = None
@@ -171,7 +180,7 @@ def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, s
             want_snapshot = _ambiguous_motion(report)
             requests: list[tuple[str, dict[str, Any]]] = []
             for fu in report.follow_ups:
-                if fu["probe"] == "snapshots":
+                if fu["probe"] in ("snapshots", "stacks_snapshot"):
                     want_snapshot = True
                     continue
                 for name, opts in FOLLOW_UPS.get(fu["probe"], []):

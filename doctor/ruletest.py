@@ -104,6 +104,12 @@ def run_rule_tests(ruleset: RuleSet, only: str | None = None) -> list[CaseResult
     return results
 
 
+def _follow_up_names() -> set[str]:
+    from doctor.agent import FOLLOW_UPS
+
+    return set(FOLLOW_UPS)
+
+
 def lint(ruleset: RuleSet) -> list[str]:
     """Problems that do not stop loading but make a rule untrustworthy."""
     problems = []
@@ -124,6 +130,10 @@ def lint(ruleset: RuleSet) -> list[str]:
             if _PER_RANK_LOOP.search(src):
                 problems.append(f"{rule.path}:{rule.line}: {key} loops over a per-rank map with filter/map "
                                 "(quadratic in the CEL library at 1k+ ranks); use a pre-grouped fact")
+        for fu in rule.follow_up:
+            if fu.probe not in _follow_up_names():
+                problems.append(f"{rule.path}:{rule.line}: follow_up probe {fu.probe!r} is unknown to the agent "
+                                f"(known: {', '.join(sorted(_follow_up_names()))})")
         if not rule.doc.strip():
             problems.append(f"{rule.path}:{rule.line}: {rule.id} has no doc (what it detects, why, fix)")
     problems.extend(playbooks.problems())

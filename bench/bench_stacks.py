@@ -1,0 +1,133 @@
+"""Stacks evidence at 16,384 ranks: parse + cross-rank analysis time and peak memory.
+
+Run: python bench/bench_stacks.py [RANKS]
+Prints medians of 3 runs, each in a fresh interpreter (so peak RSS is that run's own); nothing is
+asserted. Targets: parse + analysis of 16,384 ranks < 3 s and < 2 GiB peak RSS.
+
+The evidence is real captured dumps (tests/fixtures/evidence and tests/fixtures/stacks), replicated
+to RANKS ranks with renumbered ranks and pids: most ranks are copies of the all_reduce ranks of
+the extra_collective capture (py-spy text), one in 64 of its barrier rank, one in 16 a py-spy
+--json dump of the dataloader_hang capture, one in 512 the --native dump of the lock_self
+culprit. Three measurements:
+
+- stacks probe only: sniff + parse every file, then build (the analysis);
+- the whole facts step as `mldoctor diagnose --from DIR` runs it (every installed probe sniffs);
+- the rule pack evaluated over those facts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EV = ROOT / "tests" / "fixtures" / "evidence"
+ST = ROOT / "tests" / "fixtures" / "stacks"
+
+
+def _first(*paths: Path) -> Path:
+    for p in paths:
+        if p.exists():
+            return p
+    raise SystemExit(f"missing fixture: {paths[0]}")
+
+
+def replicate(dest: Path, ranks: int) -> dict[str, int]:
+    """Write RANKS real dumps with renumbered ranks (file name) and pids (content)."""
+    allreduce = _first(EV / "extra_collective" / "pyspy-rank0.txt", ST / "snapshots_extra_collective" / "pyspy-rank0-snap0.json")
+    barrier = _first(EV / "extra_collective" / "pyspy-rank1.txt", ST / "snapshots_extra_collective" / "pyspy-rank1-snap0.json")
+    js = _first(EV / "dataloader_hang" / "pyspy-rank0.json", ST / "snapshots_extra_collective" / "pyspy-rank2-snap0.json")
+    native = _first(EV / "lock_self" / "pyspy-native-rank1.txt", ST / "native_collective" / "pyspy-native-rank1.txt")
+    sources = {p: p.read_text() for p in (allreduce, barrier, js, native)}
+    pid_text = re.compile(r"(?m)^(Process |Thread )(\d+)")
+    pid_json = re.compile(r'"(pid|os_thread_id)": (\d+)')
+    kinds: dict[str, int] = {}
+    for r in range(ranks):
+        src = native if r % 512 == 7 else js if r % 16 == 3 else barrier if r % 64 == 1 else allreduce
+        text = sources[src]
+        pid = str(100000 + r)
+        if src.suffix == ".json":
+            text = pid_json.sub(lambda m, pid=pid: f'"{m.group(1)}": {pid if m.group(1) == "pid" else m.group(2)}', text)
+        else:
+            text = pid_text.sub(lambda m, pid=pid: f"{m.group(1)}{pid}" if m.group(1) == "Process " else m.group(0),
+                                text, count=2)
+        name = f"pyspy-rank{r}{src.suffix}" if "native" not in src.name else f"pyspy-native-rank{r}.txt"
+        (dest / name).write_text(text)
+        kinds[src.name] = kinds.get(src.name, 0) + 1
+    return kinds
+
+
+CHILD = r'''
+import json, resource, sys, time
+from pathlib import Path
+mode, folder = sys.argv[1], Path(sys.argv[2])
+from doctor import facts as F
+t0 = time.perf_counter()
+c0 = time.process_time()
+if mode == "stacks":
+    from doctor.evidence import Hints, Sample
+    from doctor.probes.stacks import PROBE
+    parsed = []
+    for p in sorted(folder.iterdir()):
+        rel = p.name
+        if PROBE.sniff(Sample.read(p)):
+            parsed.extend(PROBE.parse(p, rel, Hints.from_path(rel)))
+    t_parse = time.perf_counter() - t0
+    facts = F.empty_facts("loose", None)
+    t1 = time.perf_counter()
+    PROBE.build(parsed, facts)
+    t_build = time.perf_counter() - t1
+    out = {"parse_s": t_parse, "build_s": t_build}
+else:
+    facts, _ = F.build(F.items_from_folder(folder), "loose")
+    out = {"facts_s": time.perf_counter() - t0}
+    if mode == "rules":
+        from doctor import engine
+        rs = engine.load_ruleset()
+        t1 = time.perf_counter()
+        results, _ = engine.evaluate_all(rs, facts)
+        out["rules_s"] = time.perf_counter() - t1
+        out["fired"] = sorted(r.rule.id for r in results if r.status == "fired")
+st = facts["stacks"]
+out["total_s"] = time.perf_counter() - t0
+out["cpu_s"] = time.process_time() - c0
+out["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["n_ranks"] = st["n_ranks"]
+out["groups"] = [(g["state"], g["op"], g["size"]) for g in st["groups"]]
+print(json.dumps(out))
+'''
+
+
+def run(mode: str, folder: Path) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, mode, str(folder)], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"{mode} run failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ranks = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+    with tempfile.TemporaryDirectory(prefix="mldoctor-bench-stacks-") as tmp:
+        folder = Path(tmp)
+        kinds = replicate(folder, ranks)
+        size = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
+        print(f"{ranks} ranks of replicated real dumps ({size:.0f} MiB): {kinds}")
+        for mode in ("stacks", "facts", "rules"):
+            runs = [run(mode, folder) for _ in range(3)]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k.endswith(("_s", "_mib"))}
+            line = ", ".join(f"{k} {v:.2f}" for k, v in med.items())
+            print(f"{mode:6s} median of 3: {line}; n_ranks {runs[0]['n_ranks']}; "
+                  f"groups {runs[0]['groups']}" + (f"; fired {runs[0]['fired']}" if "fired" in runs[0] else ""))
+        load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+        print(f"targets: stacks total < 3 s, rss < 2048 MiB (cpu_s is this process's CPU time; "
+              f"load average now {load} on {__import__('os').cpu_count()} cores)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

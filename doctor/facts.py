@@ -30,6 +30,7 @@ BASE_SCHEMA: dict[str, str] = {
     "job.n_ranks_seen": "int: how many ranks some evidence speaks for",
     "job.missing_ranks": "list<int>: ranks below world_size that no evidence speaks for",
     "job.hosts": "list<string>: hosts some evidence came from",
+    "job.rank_hosts": "map<string,string>: rank -> the host most of its evidence came from",
     "job.observed_state": "string: what live snapshots saw: hung (most ranks' stacks frozen), progressing, crashed (no rank alive), or empty",
     "evidence.kinds": "list<string>: evidence kinds found",
     "evidence.files": "int: files used",
@@ -65,7 +66,7 @@ def empty_facts(source: str, symptom: str | None) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "meta": {"schema": FACTS_SCHEMA, "source": source, "symptom": symptom or ""},
         "job": {"world_size": 0, "ranks_seen": [], "n_ranks_seen": 0, "missing_ranks": [], "hosts": [],
-                "observed_state": ""},
+                "rank_hosts": {}, "observed_state": ""},
         "evidence": {"kinds": [], "files": 0, "ignored": [], "errors": [], "probes": []},
     }
     return facts
@@ -112,6 +113,23 @@ def _claim(item: Item, probes: tuple[Any, ...]) -> Any | None:
     return None
 
 
+def _also(item: Item, probes: tuple[Any, ...], owner: Any | None) -> list[Any]:
+    """Probes that read a file besides its owner (an optional ``also_sniff(sample)``): a trainer
+    log is evidence both of what failed (logs) and of how the loss went (metrics)."""
+    readers = [p for p in probes if p is not owner and getattr(p, "also_sniff", None)]
+    if not readers:
+        return []
+    sample = Sample.read(item.path)
+    out = []
+    for p in readers:
+        try:
+            if sample.size and p.also_sniff(sample):
+                out.append(p)
+        except Exception:  # same as sniff: never let one probe hide a file
+            continue
+    return out
+
+
 def build(items: list[Item], source: str, symptom: str | None = None,
           probe_runs: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Parse every item and assemble the facts; returns (facts, seconds spent per kind)."""
@@ -131,18 +149,26 @@ def build(items: list[Item], source: str, symptom: str | None = None,
         except OSError as exc:
             ev["errors"].append(f"{item.rel}: cannot read ({exc.strerror or exc})")
             continue
-        if probe is None:
+        try:
+            extra = _also(item, probes, probe)
+        except OSError:
+            extra = []
+        if probe is None and not extra:
             if item.kind and item.kind not in by_name:
                 ev["ignored"].append(f"{item.rel} (kind {item.kind!r} has no installed probe)")
             elif not item.kind:
                 ev["ignored"].append(item.rel)
             continue
-        out = _parse_one(probe, item, ev["errors"])
-        timing[probe.name] = timing.get(probe.name, 0.0) + time.perf_counter() - t0
-        if out is None:
-            continue
-        parsed.setdefault(probe.name, []).extend(out if isinstance(out, list) else [out])
-        ev["files"] += 1
+        used = False
+        for reader in ([probe] if probe is not None else []) + extra:
+            out = _parse_one(reader, item, ev["errors"])
+            timing[reader.name] = timing.get(reader.name, 0.0) + time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if out is None:
+                continue
+            parsed.setdefault(reader.name, []).extend(out if isinstance(out, list) else [out])
+            used = True
+        ev["files"] += int(used)
 
     for probe in sorted(probes, key=lambda p: getattr(p, "build_order", 50)):
         if probe.name not in parsed:
@@ -180,12 +206,16 @@ def _derive_job(facts: dict[str, Any], parsed: dict[str, list[Parsed]]) -> None:
     job = facts["job"]
     ranks = set(job.get("ranks_seen") or [])
     hosts = set(job.get("hosts") or [])
+    votes: dict[int, dict[str, int]] = {}
     for records in parsed.values():
         for r in records:
             if r.rank is not None:
                 ranks.add(r.rank)
             if r.host:
                 hosts.add(r.host)
+                if r.rank is not None:
+                    votes.setdefault(r.rank, {}).setdefault(r.host, 0)
+                    votes[r.rank][r.host] += 1
     ws = int(job.get("world_size") or 0)
     if ranks and ws < max(ranks) + 1 and ws:
         ws = max(ranks) + 1
@@ -194,6 +224,7 @@ def _derive_job(facts: dict[str, Any], parsed: dict[str, list[Parsed]]) -> None:
     job["n_ranks_seen"] = len(ranks)
     job["missing_ranks"] = sorted(set(range(ws)) - ranks) if ws and ranks else []
     job["hosts"] = sorted(hosts)
+    job["rank_hosts"] = {str(r): max(v, key=lambda h: (v[h], h)) for r, v in sorted(votes.items())}
     job["observed_state"] = observed_state(facts)
 
 
@@ -201,16 +232,25 @@ def observed_state(facts: dict[str, Any]) -> str:
     """Hung or progressing, from repeated live snapshots; empty when the evidence cannot tell.
 
     A rank is frozen when its main-thread stack (with line numbers) is identical in every
-    snapshot; the job is hung when at least half of the ranks seen are frozen.
+    snapshot and, when /proc readings exist, its main thread did not wake up between them (a
+    training loop in steady state can show the same line twice; a blocked thread never wakes).
+    The job is hung when at least half of the ranks seen are frozen.
     """
     procs = facts.get("procs") or {}
     if procs.get("snapshots") and not procs.get("ranks_on_host") and procs.get("dead_ranks"):
         return "crashed"
+    # A sampling window (samples probe) sees hundreds of stacks per rank where snapshots see a
+    # few: ranks that wait 99% of each step for a straggler look frozen in every snapshot, but
+    # in a window they leave the collective now and then. When there is one, it decides.
+    sm = facts.get("samples") or {}
+    if sm.get("progress") in ("hung", "progressing"):
+        return str(sm["progress"])
     st = facts.get("stacks") or {}
     if int(st.get("snapshots") or 0) >= 2:
         n = int(st.get("n_ranks") or 0)
         if n:
-            return "hung" if len(st.get("frozen") or []) / n >= 0.5 else "progressing"
+            frozen = set(st.get("frozen") or []) - set(procs.get("main_waking_ranks") or [])
+            return "hung" if len(frozen) / n >= 0.5 else "progressing"
     return ""
 
 

@@ -21,6 +21,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 BUSY_PCT = 50.0  # above this a rank is computing or spinning, not waiting
 IDLE_PCT = 5.0   # below this a rank is waiting
+# A main thread blocked in one wait (gloo recv, a lock, a full pipe) does not wake up; one that
+# runs a training loop blocks and wakes many times a second (queues, collectives, the GPU).
+MAIN_WAKEUPS = 3
 
 
 def _read(path: str) -> str | None:
@@ -50,8 +53,20 @@ def read_process(pid: int) -> dict[str, Any] | None:
                 task_states[s] = task_states.get(s, 0) + 1
     except OSError:
         pass
+    main_cpu = None
+    main_stat = _read(f"/proc/{pid}/task/{pid}/stat")
+    if main_stat:
+        f = main_stat[main_stat.rfind(")") + 2:].split()
+        main_cpu = (int(f[11]) + int(f[12])) / CLK_TCK
+    main_switches = None
+    main_status = _read(f"/proc/{pid}/task/{pid}/status")
+    if main_status:
+        for line in main_status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                main_switches = int(line.split()[1])
     return {
         "pid": pid, "state": state, "cpu_s": (utime + stime) / CLK_TCK, "threads": threads,
+        "main_cpu_s": main_cpu, "main_voluntary_switches": main_switches,
         "rss_mb": round(rss_pages * PAGE / 2**20, 1), "wchan": (_read(f"/proc/{pid}/wchan") or "").strip(),
         "task_states": task_states,
     }
@@ -80,6 +95,7 @@ class ProcsProbe(Probe):
         "procs.launcher_alive": "bool: the launcher process is still there",
         "procs.threads_total": "int: threads of all rank processes together",
         "procs.workers_total": "int: DataLoader worker processes found",
+        "procs.main_waking_ranks": f"list<int>: ranks whose main thread woke up (voluntary context switches) at least {MAIN_WAKEUPS} times between the first and last reading: it is not parked in one wait",
     }
 
     def sniff(self, sample: Sample) -> bool:
@@ -115,7 +131,7 @@ class ProcsProbe(Probe):
         for s in snaps:
             by_host.setdefault(s.get("host", ""), []).append(s)
         by_rank: dict[str, dict[str, Any]] = {}
-        busy, idle, dstate, dead, alive = set(), set(), set(), set(), set()
+        busy, idle, dstate, dead, alive, waking = set(), set(), set(), set(), set(), set()
         interval = 0.0
         local_ws = 0
         launcher_alive = True
@@ -146,6 +162,10 @@ class ProcsProbe(Probe):
                     cpu_pct = round(100.0 * (rec["cpu_s"] - prev["cpu_s"]) / dt, 1)
                 workers = [w for w in last["procs"] if w.get("role") == "worker" and w.get("parent") == rec["pid"]]
                 d_threads = int((rec.get("task_states") or {}).get("D", 0))
+                if (prev is not None and rec.get("main_voluntary_switches") is not None
+                        and prev.get("main_voluntary_switches") is not None
+                        and rec["main_voluntary_switches"] - prev["main_voluntary_switches"] >= MAIN_WAKEUPS):
+                    waking.add(r)
                 by_rank[key] = {
                     "pid": rec["pid"], "state": rec.get("state", "?"), "cpu_pct": cpu_pct,
                     "threads": rec.get("threads", 0), "rss_mb": rec.get("rss_mb", 0.0),
@@ -165,6 +185,7 @@ class ProcsProbe(Probe):
             "dead_ranks": sorted(dead - alive), "ranks_on_host": sorted(alive),
             "local_world_size": local_ws, "launcher_alive": launcher_alive,
             "threads_total": threads_total, "workers_total": workers_total,
+            "main_waking_ranks": sorted(waking),
         }
         ranks = set(facts["job"].get("ranks_seen") or []) | alive | dead
         facts["job"]["ranks_seen"] = sorted(ranks)

@@ -7,23 +7,45 @@ fragment, even when the node has no rank of the job (that absence is evidence to
 from __future__ import annotations
 
 import io
+import json
+import os
 import shutil
 import socket
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from doctor import targets
-from doctor.agent import collect_job
+from doctor.agent import Collector, collect_job
 from doctor.bundle import Bundle, ProbeRun
 from doctor.diagnose import Trace
 from doctor.errors import UserError
 
+#: Set by ``diagnose --slurm-job`` for a follow-up round: JSON ``[[probe, {options}], ...]``.
+FOLLOW_UP_ENV = "MLDOCTOR_COLLECT_REQUESTS"
+
+
+def follow_up_requests() -> list[tuple[str, dict[str, Any]]]:
+    """The probe runs a follow-up round asks for (empty: the full first pass)."""
+    raw = os.environ.get(FOLLOW_UP_ENV, "").strip()
+    if not raw:
+        return []
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        raise UserError(f"{FOLLOW_UP_ENV}: not valid JSON") from None
+    if not isinstance(data, list) or not all(
+            isinstance(r, list) and len(r) == 2 and isinstance(r[0], str) and isinstance(r[1], dict) for r in data):
+        raise UserError(f"{FOLLOW_UP_ENV}: expected [[probe, {{options}}], ...]")
+    return [(name, opts) for name, opts in data]
+
 
 def collect_local(pids: list[int] | None = None, slurm_job: str | None = None, job: str | None = None,
                   out: Path | str = "-", logs: list[Path] | None = None) -> Path | None:
-    host = socket.gethostname()
+    # Under srun the node name is the host (several slurmd may share one machine).
+    host = (os.environ.get("SLURMD_NODENAME") if slurm_job else None) or socket.gethostname()
     to_stdout = str(out) == "-"
     tmp = Path(tempfile.mkdtemp(prefix="mldoctor-collect-")) if to_stdout else None
     root = (tmp / f"fragment-{host}") if tmp else Path(out)
@@ -42,7 +64,12 @@ def collect_local(pids: list[int] | None = None, slurm_job: str | None = None, j
             bundle.note(str(exc))
         else:
             trace.add("discover", the_job.describe())
-            collect_job(the_job, bundle, trace, {"logs": [str(p) for p in logs or []]}, None)
+            options = {"logs": [str(p) for p in logs or []]}
+            requests = follow_up_requests()
+            if requests:  # a follow-up round of diagnose --slurm-job: only what the rules asked for
+                Collector(bundle, the_job, trace, options).run(requests, 2)
+            else:
+                collect_job(the_job, bundle, trace, options, None)
         bundle.manifest["trace"] = trace.steps
         bundle.save()
         if not to_stdout:

@@ -51,6 +51,12 @@ def _coverage(res: RuleResult, facts: dict[str, Any]) -> float:
     return 0.5 + 0.5 * min(1.0, seen / ws)
 
 
+def _hosts_of(ranks: list[int], facts: dict[str, Any]) -> list[str]:
+    """The culprit ranks' hosts, when the rule names ranks but no hosts (multi-node evidence)."""
+    where = (facts.get("job") or {}).get("rank_hosts") or {}
+    return sorted({where[str(r)] for r in ranks if str(r) in where}) if len(set(where.values())) > 1 else []
+
+
 def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
     """Findings most likely first, one per cause, and trace lines for what was suppressed."""
     fired = [r for r in results if r.status == "fired"]
@@ -76,7 +82,8 @@ def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[lis
             title=str(pb.get("title") or r.rule.cause.replace("_", " ")),
             category=taxonomy.causes().get(r.rule.cause, ""), severity=r.rule.severity,
             confidence=round(r.rule.confidence, 3), score=round(score, 4), state=r.rule.state,
-            ranks=r.ranks, hosts=r.hosts, gpus=r.gpus, summary=r.summary, evidence=r.evidence,
+            ranks=r.ranks, hosts=r.hosts or _hosts_of(r.ranks, facts), gpus=r.gpus, summary=r.summary,
+            evidence=r.evidence,
             fix=playbooks.fix_steps(r.rule.cause),
         )
         prev = by_cause.get(f.cause)

@@ -113,9 +113,20 @@ def _is_python(cmd: list[str]) -> bool:
     return bool(cmd) and ("python" in Path(cmd[0]).name or any(c.endswith(".py") for c in cmd[:3]))
 
 
-def discover(pids: list[int] | None = None, slurm_job: str | None = None) -> list[Job]:
-    """Jobs on this host (only the given PIDs' job when ``pids`` is set)."""
-    host = socket.gethostname()
+def discover(pids: list[int] | None = None, slurm_job: str | None = None, node: str | None = None) -> list[Job]:
+    """Jobs on this host (only the given PIDs' job when ``pids`` is set).
+
+    ``node`` (a SLURM node name) keeps only processes whose SLURMD_NODENAME is that node: where
+    several slurmd share one host, every node's ranks are visible here. With ``slurm_job`` and no
+    ``node``, the node is this process's own SLURMD_NODENAME when it runs inside a SLURM step
+    (``mldoctor collect`` under srun), and the processes of that same step (the collectors) are
+    never ranks. The job's host is then the node name.
+    """
+    own_step = None
+    if slurm_job and os.environ.get("SLURM_JOB_ID") == slurm_job:
+        node = node or os.environ.get("SLURMD_NODENAME") or None
+        own_step = os.environ.get("SLURM_STEP_ID")
+    host = node or socket.gethostname()
     procs = all_procs()
     children: dict[int, list[int]] = {}
     for p in procs.values():
@@ -125,6 +136,10 @@ def discover(pids: list[int] | None = None, slurm_job: str | None = None) -> lis
         if p.env is None or not _is_python(p.cmdline) or "mldoctor" in " ".join(p.cmdline[:3]):
             return None
         if slurm_job and p.env.get("SLURM_JOB_ID") != slurm_job:
+            return None
+        if node and p.env.get("SLURMD_NODENAME", node) != node:
+            return None
+        if own_step is not None and p.env.get("SLURM_STEP_ID") == own_step:
             return None
         return _int(p.env, RANK_KEYS) if ("RANK" in p.env or "LOCAL_RANK" in p.env or
                                           "OMPI_COMM_WORLD_RANK" in p.env or "PMI_RANK" in p.env or

@@ -44,6 +44,7 @@ class EnvProbe(Probe):
         "env.differing": "list<string>: variables whose value differs across the dumps",
         "env.sources": "int: number of environment dumps read",
         "env.by_rank": "map<string,map<string,string>>: allowlisted variables per rank",
+        "env.ranks_by_value": "map<string,map<string,list<int>>>: variable -> value -> ranks that have it (for culprits without per-rank loops)",
     }
 
     def sniff(self, sample: Sample) -> bool:
@@ -78,7 +79,10 @@ class EnvProbe(Probe):
             if kept.get(key, "").isdigit():
                 rank = int(kept[key])
                 break
-        host = kept.get("HOSTNAME") or env.get("SLURMD_NODENAME") or hints.host
+        # HOSTNAME is inherited through srun/mpirun from the launching host (every task of a
+        # SLURM step says the batch host): the node's own name and the collector's word come first.
+        topo = kept.get("SLURM_TOPOLOGY_ADDR", "").rsplit(".", 1)[-1]
+        host = env.get("SLURMD_NODENAME") or topo or hints.host or kept.get("HOSTNAME")
         return Parsed(self.name, rel, {"vars": kept, "dropped": len(env) - len(kept)}, rank, host)
 
     def collect(self, ctx: CollectContext) -> None:
@@ -109,8 +113,12 @@ class EnvProbe(Probe):
         n = len(ordered)
         differing = sorted(k for k, vs in values.items()
                            if len(vs) > 1 or (n > 1 and sum(k in p.data["vars"] for p in ordered) < n))
+        ranks_by_value: dict[str, dict[str, list[int]]] = {}
+        for rank, env in by_rank.items():
+            for k, v in env.items():
+                ranks_by_value.setdefault(k, {}).setdefault(v, []).append(int(rank))
         facts["env"] = {"vars": merged, "values": values, "differing": differing,
-                        "sources": n, "by_rank": by_rank}
+                        "sources": n, "by_rank": by_rank, "ranks_by_value": ranks_by_value}
         for key in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
             if merged.get(key, "").isdigit():
                 set_world_size(facts, int(merged[key]))

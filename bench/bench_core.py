@@ -71,8 +71,9 @@ def make_rules(dest: Path, count: int) -> int:
     return n
 
 
-def bench_rules(ranks: int = 1024, count: int = 200, repeat: int = 7) -> None:
-    from doctor import celexpr, engine, facts as facts_mod
+def bench_rules(ranks: int = 1024, count: int = 200, repeat: int = 5) -> None:
+    from doctor import celexpr, engine
+    from doctor import facts as facts_mod
     from doctor.rule import evaluate, load_rules
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,10 +97,17 @@ def bench_rules(ranks: int = 1024, count: int = 200, repeat: int = 7) -> None:
             results = [evaluate(r, ctx, facts) for r in rules]
             times.append(time.perf_counter() - t0)
         fired = sum(r.status == "fired" for r in results)
+        per_rule = []
+        for r in rules:
+            t0 = time.perf_counter()
+            evaluate(r, ctx, facts)
+            per_rule.append((time.perf_counter() - t0, r.id, r.path.name))
+        slow = sorted(per_rule, reverse=True)[:3]
         print(f"rules: {n} rules over the facts of {ranks} ranks ({facts['evidence']['files']} files, "
               f"kinds {facts['evidence']['kinds']}): median {statistics.median(times) * 1000:.1f} ms "
               f"per full evaluation ({fired} fired); facts built in {t_facts:.2f} s; rules loaded "
-              f"and compiled in {t_load * 1000:.0f} ms")
+              f"and compiled in {t_load * 1000:.0f} ms; slowest: "
+              + ", ".join(f"{rid} ({name.split('.')[0]}'s copy) {t * 1000:.2f} ms" for t, rid, name in slow))
 
 
 if __name__ == "__main__":

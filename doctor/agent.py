@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor import facts as facts_mod, plugins, targets
+from doctor import facts as facts_mod
+from doctor import plugins, targets
 from doctor.bundle import Bundle, ProbeRun
 from doctor.diagnose import Trace, analyze
 from doctor.errors import UserError
@@ -44,7 +45,6 @@ FOLLOW_UPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "gpu": [("gpu", {})],
     "gpu_samples": [("gpu", {"gpu_samples": 10})],
     "samples": [("samples", {})],
-    "samples_again": [("samples", {"again": True})],
     "samples_again": [("samples", {"window": "again"})],  # a second window, later (one-off or pattern)
     "metrics": [("metrics", {})],
     "slurm": [("slurm", {})],

@@ -102,7 +102,8 @@ def diagnose(
 @app.command()
 def explain(cause: str = typer.Argument(..., help="A cause id, e.g. collective_mismatch.")) -> None:
     """Print the playbook of a cause: what it means, how to confirm it, how to fix it."""
-    from doctor import playbook as playbooks, taxonomy
+    from doctor import playbook as playbooks
+    from doctor import taxonomy
     from doctor.render.playbook import render_playbook
 
     pb = playbooks.get(cause)

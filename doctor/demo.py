@@ -143,7 +143,7 @@ def run_demo(scenario: str, nproc: int | None = None, budget: float = 30.0,
     want = f"{sc.cause or 'nothing wrong'}" + (f" on ranks {format_ranks(sc.culprit_ranks)}" if sc.culprit_ranks else "")
     if got is None:
         ok = sc.cause is None
-        line = f"expected {want}; mldoctor found nothing wrong" 
+        line = f"expected {want}; mldoctor found nothing wrong"
     else:
         ok = got.cause in (sc.cause, *sc.also_acceptable) and (not sc.culprit_ranks or got.ranks == sc.culprit_ranks)
         line = f"expected {want}; mldoctor says {got.cause} on ranks {format_ranks(got.ranks)}"

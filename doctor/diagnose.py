@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from doctor import engine, facts as facts_mod
+from doctor import engine
+from doctor import facts as facts_mod
 from doctor.bundle import Bundle
 from doctor.errors import UserError
 from doctor.findings import rank_findings, verdict

@@ -8,7 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from doctor import celexpr, facts as facts_mod, plugins
+from doctor import celexpr, plugins
+from doctor import facts as facts_mod
 from doctor.rule import Rule, RuleResult, evaluate, load_rules
 
 

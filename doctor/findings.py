@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from doctor import playbook as playbooks, taxonomy
+from doctor import playbook as playbooks
+from doctor import taxonomy
 from doctor.rule import RuleResult
 
 SEVERITY_WEIGHT = {"critical": 1.0, "high": 0.8, "medium": 0.6, "low": 0.4, "info": 0.1}

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor import celexpr, facts as facts_mod
+from doctor import celexpr
+from doctor import facts as facts_mod
 from doctor import playbook as playbooks
 from doctor.engine import RuleSet
 from doctor.errors import RuleError

@@ -203,6 +203,55 @@ _ALL = [
         "fwd/bwd takes about 0.2 s per step; stacks show ranks active in forward/loss or idle in "
         "all_reduce. Evidence: OMP_NUM_THREADS=8 in env-rank*.txt and this host's core count.",
     ),
+    Scenario(
+        name="dataloader_heavy",
+        description="A 1-rank job whose DataLoader (num_workers=0) does heavy pure-Python work per item in the main process.",
+        state="slow",
+        cause="dataloader_starvation",
+        culprit_ranks=[0],
+        nproc=1,
+        fault_step=0,
+        job_args=("--augment-cost", "20000"),
+        notes="Single-process loading: the main thread spends most of each step in "
+        "SyntheticDataset._augment <- __getitem__ <- fetch <- _next_data <- __next__ <- main.",
+    ),
+    Scenario(
+        name="host_sync",
+        description="A 1-rank job that reads per-sample predictions back with .item() every step (one host-device sync per value on a GPU).",
+        state="slow",
+        cause="host_sync_in_loop",
+        culprit_ranks=[0],
+        nproc=1,
+        fault_step=0,
+        notes="per_sample_log calls .item() 11 times per sample (352 per step). On the CPU there is "
+        "no device to wait for, so each call costs only dispatch overhead; the samples show the "
+        "main thread on the .item() line. On a GPU each call also waits for the queued kernels.",
+    ),
+    Scenario(
+        name="compile_recompile",
+        description="A 1-rank job passes the step number (a Python int) to a torch.compile'd function with dynamic=False, so it recompiles every step (recompile limit raised).",
+        state="slow",
+        cause="torch_compile_recompiles",
+        culprit_ranks=[0],
+        nproc=1,
+        fault_step=0,
+        env=(("TORCH_LOGS", "recompiles"),),
+        notes="First compile about 8 s on 2 cores (inductor C++), then 0.3-1 s per step, almost all "
+        "in torch/_dynamo and torch/_inductor frames. With the default recompile_limit (8) Dynamo "
+        "would fall back to eager after 8 steps; TORCH_LOGS=recompiles prints every guard failure.",
+    ),
+    Scenario(
+        name="checkpoint_sync",
+        description="A 1-rank job saves a ~100 MB checkpoint synchronously (torch.save + fsync) every 10 steps.",
+        state="slow",
+        cause="checkpoint_stall",
+        culprit_ranks=[0],
+        nproc=1,
+        fault_step=0,
+        job_args=("--ckpt-every", "10", "--ckpt-mb", "96"),
+        notes="Every 10th step is much longer: the main thread is in torch.save "
+        "(torch/serialization.py) <- save_checkpoint_sync <- main, then in fsync.",
+    ),
 ]
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}

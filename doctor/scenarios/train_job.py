@@ -58,6 +58,10 @@ FAULTS = (
     "slow_rank",
     "init_hang",
     "cpu_oversubscription",
+    "dataloader_heavy",
+    "host_sync",
+    "compile_recompile",
+    "checkpoint_sync",
 )
 
 IN_DIM, HIDDEN, N_CLASSES = 32, 128, 8
@@ -352,7 +356,30 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0,
         help="extra dense matmul per step (cpu_oversubscription)",
     )
+    p.add_argument("--ckpt-every", type=int, default=10, help="checkpoint_sync: steps between saves")
+    p.add_argument("--ckpt-mb", type=int, default=96, help="checkpoint_sync: extra state saved (MiB)")
     return p.parse_args(argv)
+
+
+def per_sample_log(out: torch.Tensor, y: torch.Tensor, losses: torch.Tensor) -> list:
+    """host_sync: per-sample predictions read back one value at a time with ``.item()`` (on a
+    GPU every call waits for the device; ``.tolist()`` once per batch would be one transfer)."""
+    pred = out.argmax(1)
+    rows = []
+    for i in range(len(y)):
+        logits = [v.item() for v in out[i]]
+        rows.append((pred[i].item(), y[i].item(), losses[i].item(), logits))
+    return rows
+
+
+def save_checkpoint_sync(path: str, model: MLP, opt: torch.optim.Optimizer, step: int,
+                         extra: torch.Tensor) -> None:
+    """checkpoint_sync: a blocking save (model, optimizer, a large extra state) with fsync."""
+    with open(path, "wb") as f:
+        torch.save({"step": step, "model": model.state_dict(), "optim": opt.state_dict(),
+                    "ema_state": extra}, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def main(argv=None) -> int:
@@ -409,6 +436,23 @@ def main(argv=None) -> int:
     metrics.start()
     ckpt_path = os.path.join(scratch, f"ckpt-rank{rank}.pt")
     big = torch.randn(args.matmul_size, args.matmul_size) if args.matmul_size else None
+    forward = model
+    if fault == "compile_recompile":
+        # A Python int (the step) reaches a compiled function with dynamic=False: every new value
+        # fails a guard and recompiles. The recompile limit (default 8, after which Dynamo falls
+        # back to eager) is raised, as people do to silence the warning.
+        import torch._dynamo as dynamo
+
+        dynamo.config.recompile_limit = 1_000_000
+
+        def scaled_forward(x, step_no):
+            return model(x) * (1.0 + 1e-6 * step_no)
+
+        compiled = torch.compile(scaled_forward, dynamic=False)
+    ckpt_extra = None
+    if fault == "checkpoint_sync":
+        os.makedirs(scratch, exist_ok=True)
+        ckpt_extra = torch.randn(args.ckpt_mb * 2**20 // 4)
 
     step = 0
     epoch = 0
@@ -434,13 +478,24 @@ def main(argv=None) -> int:
                 if culprit and fault == "slow_rank" and step == args.fault_step:
                     dataset.augment_cost = args.augment_cost
                     marker(rank, f"fault={fault} injected at step {step}")
+                if fault in ("dataloader_heavy", "host_sync", "compile_recompile",
+                             "checkpoint_sync") and step == args.fault_step:
+                    # every rank: the whole job has the problem (these run as 1-rank jobs)
+                    if fault == "dataloader_heavy":
+                        dataset.augment_cost = args.augment_cost
+                    marker(rank, f"fault={fault} injected at step {step}")
                 try:
                     x, y = next(it)
                 except StopIteration:
                     break
                 t1 = time.monotonic()
-                out = model(x)
+                if fault == "compile_recompile" and step >= args.fault_step:
+                    out = compiled(x, step)
+                else:
+                    out = forward(x)
                 loss = F.cross_entropy(out, y)
+                if fault == "host_sync" and step >= args.fault_step:
+                    per_sample_log(out, y, F.cross_entropy(out.detach(), y, reduction="none"))
                 if big is not None:
                     loss = loss + 0.0 * (big @ big).mean()
                 opt.zero_grad(set_to_none=False)
@@ -458,7 +513,8 @@ def main(argv=None) -> int:
                 reverse = culprit and at_fault and fault == "order_mismatch"
                 if reverse:
                     marker(rank, f"fault={fault} injected at step {step}")
-                allreduce_gradients(model, world, reverse=reverse)
+                if world > 1:  # a 1-rank job has nothing to average (gloo would still take ms)
+                    allreduce_gradients(model, world, reverse=reverse)
                 t3 = time.monotonic()
                 opt.step()
 
@@ -478,6 +534,9 @@ def main(argv=None) -> int:
                         _stuck_reader = os.open(ckpt_path, os.O_RDONLY | os.O_NONBLOCK)  # noqa: F841
                         marker(rank, f"fault={fault} injected at step {step}")
                     save_checkpoint(ckpt_path, model, opt, step)
+
+                if fault == "checkpoint_sync" and step >= args.fault_step and step % args.ckpt_every == 0:
+                    save_checkpoint_sync(ckpt_path, model, opt, step, ckpt_extra)
 
                 if at_fault and fault == "rank0_exclusive":
                     if culprit:

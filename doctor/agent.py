@@ -140,6 +140,18 @@ def collect_job(job: targets.Job, bundle: Bundle, trace: Trace, options: dict[st
     return col
 
 
+def finish(report: Report, trace: Trace, bundle: Bundle, out: Path | None, redact_hosts: bool) -> Report:
+    """Seal the bundle, attach the trace, and write the reports and archive when asked."""
+    report.trace = trace.steps
+    bundle.save()
+    report.source["bundle"] = str(bundle.root) if out is not None else ""
+    if out is not None:
+        from doctor.output import write_outputs
+
+        write_outputs(report, out, bundle=bundle, redact_hosts=redact_hosts)
+    return report
+
+
 def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, symptom: str | None = None,
                   logs: list[Path] | None = None, rules_dirs: list[Path] | None = None,
                   budget: float = 30.0, duration: float = 10.0, job: str | None = None,
@@ -207,17 +219,7 @@ def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, s
                 break
             report = _analyze(bundle, symptom, rules_dirs, trace, source)
             round_no += 1
-        report.trace = trace.steps
-        bundle.save()
-        report.source["bundle"] = str(root) if out is not None else ""
-        if out is not None:
-            try:
-                from doctor.output import write_outputs
-            except ImportError:
-                pass
-            else:
-                write_outputs(report, out, bundle=bundle, redact_hosts=redact_hosts)
-        return report
+        return finish(report, trace, bundle, out, redact_hosts)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -590,17 +590,9 @@ def diagnose_slurm_job(job_id: str, symptom: str | None = None, rules_dirs: list
                 report = evaluate()
             else:
                 trace.add("stop", "no rule asks for more evidence from the nodes")
-        report.trace = trace.steps
-        bundle.save()
-        report.source["bundle"] = str(root) if out is not None else ""
-        if out is not None:
-            try:
-                from doctor.output import write_outputs
-            except ImportError:
-                pass
-            else:
-                write_outputs(report, out, bundle=bundle, redact_hosts=redact_hosts)
-        return report
+        from doctor.agent import finish
+
+        return finish(report, trace, bundle, out, redact_hosts)
     finally:
         if shared is not None:
             shutil.rmtree(shared, ignore_errors=True)

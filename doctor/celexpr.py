@@ -91,9 +91,25 @@ def _path_known(path: str, known: set[str], maps: set[str]) -> bool:
     return False
 
 
-def context(facts: dict[str, Any], namespaces: set[str]) -> Any:
-    """A CEL context with every known namespace defined (absent ones as empty maps)."""
-    variables = {ns: facts.get(ns) if isinstance(facts.get(ns), dict) else {} for ns in namespaces}
-    for k, v in facts.items():
-        variables.setdefault(k, v)
+_IDENT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)")
+
+
+def identifiers(src: str) -> list[str]:
+    """Bare identifiers outside strings (namespace names used on their own, like ``has(gpu)``)."""
+    return _IDENT.findall(_STRING.sub('""', src))
+
+
+def context(facts: dict[str, Any], namespaces: set[str],
+            used: dict[str, set[str] | None] | None = None) -> Any:
+    """A CEL context with every known namespace defined (absent ones as empty maps).
+
+    With ``used`` (from the loaded rules) only the keys some rule can read are converted.
+    """
+    variables: dict[str, Any] = {}
+    for ns in namespaces:
+        value = facts.get(ns) if isinstance(facts.get(ns), dict) else {}
+        keys = used.get(ns, set()) if used is not None else None
+        if keys is not None:
+            value = {k: v for k, v in value.items() if k in keys}
+        variables[ns] = value
     return cel().Context(variables)

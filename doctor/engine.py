@@ -19,6 +19,34 @@ class RuleSet:
     schema: dict[str, str]
     namespaces: set[str]
     dirs: list[Path]
+    #: namespace -> the second-level keys some rule reads (None: the whole namespace). Only these
+    #: are converted into the CEL context: at 1k+ ranks, per-rank maps no rule reads dominate it.
+    used: dict[str, set[str] | None] | None = None
+
+
+def used_keys(rules: list[Rule], namespaces: set[str]) -> dict[str, set[str] | None]:
+    """Which facts the rules can reach, from their expressions' static paths."""
+    used: dict[str, set[str] | None] = {}
+    for rule in rules:
+        sources = list(rule.expressions().values())
+        paths: set[str] = set(rule.requires)
+        for src in sources:
+            raw, binds = celexpr.referenced_paths(src)
+            paths |= {celexpr.resolve_binding(p, binds) if p.split(".", 1)[0] in binds else p for p in raw}
+            # A bare namespace name (``has(gpu)``, ``size(env)``) needs all of it.
+            for word in set(celexpr.identifiers(src)) & namespaces:
+                if not any(p.split(".", 1)[0] == word for p in raw):
+                    used[word] = None
+        for path in paths:
+            ns, _, rest = path.partition(".")
+            if ns not in namespaces:
+                continue
+            key = rest.split(".", 1)[0].removesuffix("[]")
+            if not key:
+                used[ns] = None
+            elif used.get(ns, set()) is not None:
+                used.setdefault(ns, set()).add(key)
+    return used
 
 
 def namespaces_of(schema: dict[str, str]) -> set[str]:
@@ -30,7 +58,8 @@ def _cached(extra: tuple[Path, ...]) -> RuleSet:
     schema = facts_mod.schema()
     ns = namespaces_of(schema)
     dirs = plugins.rule_dirs(list(extra))
-    return RuleSet(load_rules(dirs, schema, ns), schema, ns, dirs)
+    rules = load_rules(dirs, schema, ns)
+    return RuleSet(rules, schema, ns, dirs, used_keys(rules, ns))
 
 
 def load_ruleset(extra_dirs: list[Path] | None = None) -> RuleSet:
@@ -41,6 +70,6 @@ def load_ruleset(extra_dirs: list[Path] | None = None) -> RuleSet:
 def evaluate_all(ruleset: RuleSet, facts: dict[str, Any]) -> tuple[list[RuleResult], float]:
     """Evaluate every rule; returns the results and the seconds it took."""
     t0 = time.perf_counter()
-    ctx = celexpr.context(facts, ruleset.namespaces)
+    ctx = celexpr.context(facts, ruleset.namespaces, ruleset.used)
     results = [evaluate(rule, ctx, facts) for rule in ruleset.rules]
     return results, time.perf_counter() - t0

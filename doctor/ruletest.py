@@ -92,7 +92,7 @@ def run_rule_tests(ruleset: RuleSet, only: str | None = None) -> list[CaseResult
                 facts = facts_for_evidence(ev)
             if isinstance(case.get("facts"), dict):
                 _merge(facts, copy.deepcopy(dict(case["facts"])))
-            ctx = celexpr.context(facts, ruleset.namespaces)
+            ctx = celexpr.context(facts, ruleset.namespaces, ruleset.used)
             res = evaluate(rule, ctx, facts)
             ok = res.status == EXPECT[expect]
             detail = f"{res.status}" + (f" ({res.reason})" if res.reason else "")

@@ -96,7 +96,7 @@ def bench_rules(ranks: int = 1024, count: int = 200, repeat: int = 5) -> None:
         times, ctx_times = [], []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            ctx = celexpr.context(facts, ns, engine.used_keys(rules, ns))
+            ctx = celexpr.context(facts, ns, used)
             ctx_times.append(time.perf_counter() - t0)
             results = [evaluate(r, ctx, facts) for r in rules]
             times.append(time.perf_counter() - t0)

@@ -66,8 +66,7 @@ def check_paths(src: str, schema: dict[str, str], namespaces: set[str]) -> list[
     """Problems with the fact paths in ``src`` (unknown namespace or field); empty when fine."""
     paths, binds = referenced_paths(src)
     problems = []
-    known = set(schema)
-    maps = {p for p, doc in schema.items() if doc.startswith(("map", "any"))}
+    known, maps = _schema_index(tuple(schema.items()))
     for raw in sorted(paths):
         head = raw.split(".", 1)[0]
         path = resolve_binding(raw, binds) if head in binds else raw
@@ -78,10 +77,22 @@ def check_paths(src: str, schema: dict[str, str], namespaces: set[str]) -> list[
     return problems
 
 
-def _path_known(path: str, known: set[str], maps: set[str]) -> bool:
+@lru_cache(maxsize=8)
+def _schema_index(items: tuple[tuple[str, str], ...]) -> tuple[frozenset[str], frozenset[str]]:
+    """Every documented path and all of its prefixes; and the paths typed as open maps."""
+    known: set[str] = set()
+    for path, _doc in items:
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            known.add(prefix)
+            known.add(prefix.removesuffix("[]"))
+    maps = frozenset(p for p, doc in items if doc.startswith(("map", "any")))
+    return frozenset(known), maps
+
+
+def _path_known(path: str, known: frozenset[str], maps: frozenset[str]) -> bool:
     if path in known or path + "[]" in known:
-        return True
-    if any(k.startswith(path + ".") or k.startswith(path + "[]") for k in known):
         return True
     parts = path.split(".")
     for i in range(1, len(parts)):

@@ -10,6 +10,7 @@ import yaml
 
 from doctor import plugins, taxonomy
 from doctor.errors import UserError
+from doctor.yamlsrc import safe_data
 
 REQUIRED = ("cause", "title", "category", "means", "confirm", "fix", "references")
 
@@ -19,7 +20,7 @@ def all_playbooks() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for path in sorted(plugins.playbook_dir().glob("*.yaml")):
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = safe_data(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise UserError(f"{path}: invalid YAML ({exc})") from None
         if isinstance(data, dict):

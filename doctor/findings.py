@@ -73,6 +73,10 @@ def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[lis
         if observed == "progressing" and r.rule.state == "hung":
             trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means a hang, but the stacks moved between snapshots")
             continue
+        if observed == "hung" and r.rule.state == "slow":
+            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means slow progress, but most ranks' stacks "
+                         "stayed frozen between snapshots")
+            continue
         if r.rule.cause in suppressed_by:
             trace.append(f"{r.rule.id} ({r.rule.cause}) suppressed by {suppressed_by[r.rule.cause]}")
             continue

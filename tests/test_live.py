@@ -23,9 +23,15 @@ from doctor.scenarios import SCENARIOS
 pytestmark = pytest.mark.live
 
 
-def _pyspy_procs() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "py-spy (dump|record)"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+def _pyspy_procs(targets: set[int]) -> list[int]:
+    """py-spy processes still attached to one of ``targets`` (other work on the host is ignored)."""
+    out = subprocess.run(["pgrep", "-af", "py-spy (dump|record)"], capture_output=True, text=True).stdout
+    left = []
+    for line in out.splitlines():
+        m = re.search(r"--pid[= ](\d+)", line)
+        if m and int(m.group(1)) in targets:
+            left.append(int(line.split()[0]))
+    return left
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -37,6 +43,7 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
 def job(request):
     """Start a scenario job; yield (proc, log); kill its whole session afterwards and verify."""
     started = []
+    targets: set[int] = set()
 
     def _start(name: str):
         tmp = Path(tempfile.mkdtemp(prefix=f"mldoctor-test-{name}-"))
@@ -48,9 +55,10 @@ def job(request):
     yield _start
     for proc in started:
         known = demo.descendants(proc.pid)
+        targets.update([proc.pid, *known])
+        assert _pyspy_procs(targets) == [], "py-spy was left running on the job"
         demo.stop(proc)
         assert demo.leftovers(proc, known) == [], "a process of the job survived"
-    assert _pyspy_procs() == [], "py-spy was left running"
 
 
 def _check(report: dict, name: str) -> None:

@@ -126,6 +126,14 @@ def verdict(findings: list[Finding], facts: dict[str, Any], evaluable: int) -> d
         return {"state": "unknown", "cause": "",
                 "summary": f"No rule fired, but the evidence ({', '.join(sorted(kinds))}) cannot show whether "
                            "the job is hung, slow or healthy; add stacks, logs, metrics or flight-recorder dumps."}
+    logs = facts.get("logs") or {}
+    if observed in ("", "progressing") and (logs.get("waits") or logs.get("first_failure") or logs.get("first_error")):
+        # Errors in the logs are not a healthy job, even when no rule can name their cause.
+        first = logs.get("first_failure") or logs.get("first_error") or {}
+        state = "hung" if logs.get("waits") and not logs.get("exited_ranks") else "crashed"
+        what = str(first.get("text") or first.get("kind") or "errors")[:160]
+        return {"state": state, "cause": "",
+                "summary": f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
     state = "healthy" if observed in ("", "progressing") else observed
     msg = ("No problem found in the evidence." if state == "healthy"
            else f"The job looks {state}, but no rule names a cause; see the evidence below.")

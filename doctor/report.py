@@ -31,9 +31,8 @@ class Report:
     def exit_code(self) -> int:
         if any(f.severity in ACTIONABLE for f in self.findings):
             return 1
-        if self.verdict.get("state") == "unknown":
-            return 3
-        return 0
+        # No finding: 0 only when the job looks healthy; any other state is inconclusive.
+        return 0 if self.verdict.get("state") == "healthy" else 3
 
     def ranks(self) -> dict[str, dict[str, Any]]:
         """Per-rank view merged from every namespace's ``by_rank`` map."""

@@ -94,7 +94,10 @@ class Collector:
             requests = [(n, {**o, "snapshot": self.snapshot} if o.get("snapshot") == "next" else o) for n, o in requests]
         with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
             futures = {pool.submit(one, n, o): (n, o) for n, o in requests}
-            finished, pending = wait(futures, timeout=PROBE_TIMEOUT * 2)
+            # a sampling window runs for its --duration before it can answer
+            window = max((float({**self.options, **o}.get("duration") or 0) for n, o in requests if n == "samples"),
+                         default=0.0)
+            finished, pending = wait(futures, timeout=PROBE_TIMEOUT * 2 + window)
             for fut in finished:
                 run = fut.result()
                 self.bundle.record_probe(run)

@@ -60,23 +60,25 @@ def _hosts_of(ranks: list[int], facts: dict[str, Any]) -> list[str]:
 
 def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
     """Findings most likely first, one per cause, and trace lines for what was suppressed."""
-    fired = [r for r in results if r.status == "fired"]
+    trace: list[str] = []
+    observed = (facts.get("job") or {}).get("observed_state") or ""
+    fired = []
+    # First set aside what the observation contradicts: a set-aside rule must not hide others.
+    for r in (r for r in results if r.status == "fired"):
+        if observed == "progressing" and r.rule.state == "hung":
+            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means a hang, but the stacks moved between snapshots")
+        elif observed == "hung" and r.rule.state == "slow":
+            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means slow progress, but most ranks' stacks "
+                         "stayed frozen between snapshots")
+        else:
+            fired.append(r)
     suppressed_by: dict[str, str] = {}
     for r in fired:
         for cause in r.rule.suppresses:
             if cause != r.rule.cause:
                 suppressed_by.setdefault(cause, r.rule.id)
-    trace: list[str] = []
     by_cause: dict[str, Finding] = {}
-    observed = (facts.get("job") or {}).get("observed_state") or ""
     for r in fired:
-        if observed == "progressing" and r.rule.state == "hung":
-            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means a hang, but the stacks moved between snapshots")
-            continue
-        if observed == "hung" and r.rule.state == "slow":
-            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means slow progress, but most ranks' stacks "
-                         "stayed frozen between snapshots")
-            continue
         if r.rule.cause in suppressed_by:
             trace.append(f"{r.rule.id} ({r.rule.cause}) suppressed by {suppressed_by[r.rule.cause]}")
             continue

@@ -500,8 +500,11 @@ PHASES: list[dict[str, Any]] = [
      "why": "the native autograd engine"},
     {"state": "forward", "op": "module", "native": False, "file": r"(^|/)torch/nn/modules/module\.py$",
      "func": r"(^|\.)(_call_impl|_wrapped_call_impl|__call__)$", "why": "an nn.Module call (model forward)"},
-    {"state": "forward", "op": "compiled", "native": False,
-     "file": r"(^|/)torch/(_inductor/output_code\.py|_dynamo/eval_frame\.py)$", "why": "running a torch.compile'd graph"},
+    {"state": "forward", "op": "compiled", "native": False, "file": r"(^|/)torch/_inductor/output_code\.py$",
+     "why": "running an Inductor-compiled graph"},
+    {"state": "forward", "op": "compiled", "native": False, "file": r"(^|/)torch/_dynamo/eval_frame\.py$",
+     "func": r"(compile_wrapper|OptimizedModule\.|_TorchDynamoContext\.)",
+     "why": "calling a torch.compile'd module or function (not DisableContext, which wraps optimizer and hook code)"},
 ]
 
 _PHASES_C: list[_Compiled] = [

@@ -1,0 +1,756 @@
+"""Sampling profiles of every rank: where the step time goes, per rank, without a restart.
+
+Live, ``collect`` runs one ``py-spy record`` per rank, all at once, for a short window
+(``--duration``, default 10 s) at a modest rate (50 Hz): ``--idle`` so that waiting shows up
+(without it a rank blocked in a collective or on a queue has almost no samples and every share
+is wrong), ``--nonblocking`` so the ranks are never paused (``--native`` needs the pausing
+mode, so it is used only when asked), ``--threads`` to tell the main thread from helpers,
+``-f raw`` (``frame;frame;... COUNT``, outermost first). The raw files are kept in the bundle
+as written; a small JSON beside them records the window and the text of the source lines the
+main threads stood on (``loss.item()`` is a C call: only the caller's line says what it was).
+
+Offline it reads py-spy ``record -f raw`` files (with or without ``--threads``), py-spy
+speedscope JSON, its own window JSON, and the step-timing JSONL of the in-job helper
+(``doctor.torch``). ``build`` classifies every main-thread sample (``doctor.timeshare``, on the
+frame tables of ``doctor.stackstate``), gives per-rank time shares that add up to 1, and finds
+the straggler: the rank that computes while the others wait for it in collectives, and why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+from doctor import facts as facts_mod
+from doctor import timeshare as ts
+from doctor.errors import EvidenceError
+from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
+from doctor.redact import scrub
+
+META_SCHEMA = "mldoctor.samples/1"
+STEPS_SCHEMA = "mldoctor.steps/1"
+DEFAULT_RATE = 50  # Hz: py-spy's default is 100; 50 keeps the sampler's own CPU use small
+DEFAULT_DURATION = 10.0
+MAX_LINES = 400  # source lines kept per rank
+MAX_SOURCE_BYTES = 4 * 2**20
+NOTABLE_SHARE = 0.05  # a rank is listed under samples.notable[cat] from this share up
+
+_THREAD_HDR = re.compile(r"^thread \((0x[0-9A-Fa-f]+|\d+)\)(?:: ?(.*))?$")
+_PROC_HDR = re.compile(r"^process (\d+):?(.*)$")
+_RAW_LINE = re.compile(r"^(.*\)) (\d+)$")
+_PYSPY_DONE = re.compile(r"Samples: (\d+) Errors: (\d+)")
+_WINDOW = re.compile(r"samples-r(\d+)-")
+_SPEEDSCOPE_NAME = re.compile(r"(?:Process (\d+) )?Thread (0x[0-9A-Fa-f]+|\d+)(?: \"(.*)\")?")
+
+Frame = tuple  # (name, file, line, native), as doctor.stackstate wants
+
+
+@lru_cache(maxsize=1 << 16)
+def parse_frame(text: str) -> Frame | None:
+    """``name (file:line)`` or ``name (lib)`` as py-spy writes it; None for anything else."""
+    if not text.endswith(")"):
+        return None
+    idx = text.rfind(" (")
+    if idx <= 0:
+        return None
+    name, inner = text[:idx], text[idx + 2:-1]
+    file, sep, line = inner.rpartition(":")
+    if not (sep and line.isdigit()):
+        file, line = inner, "0"
+    native = not (file.endswith((".py", ".pyw", ".pyx")) or file.startswith("<"))
+    return (sys.intern(name), sys.intern(file), int(line), native)
+
+
+@dataclass
+class ThreadSamples:
+    """One thread of one process: its stacks (innermost first) and counts."""
+
+    tid: str
+    name: str = ""
+    pid: int | None = None
+    stacks: dict[tuple[Frame, ...], int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.stacks.values())
+
+
+@dataclass
+class ProfileFile:
+    """A parsed sampling profile: threads, and what the file said about itself."""
+
+    fmt: str  # raw | speedscope
+    threads: list[ThreadSamples]
+    thread_ids: bool  # the file separates threads (py-spy --threads / speedscope)
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_bootstrap(fr: Frame) -> bool:
+    return (not fr[3]) and fr[1].endswith("threading.py") and fr[0].endswith(("_bootstrap", "_bootstrap_inner"))
+
+
+def parse_raw(text: str, rel: str) -> ProfileFile:
+    """py-spy ``record -f raw`` (flamegraph.pl's collapsed format): ``a;b;c COUNT`` per line."""
+    threads: dict[tuple[int | None, str], ThreadSamples] = {}
+    bad = good = 0
+    with_ids = False
+    for ln in text.splitlines():
+        ln = ln.rstrip()
+        if not ln:
+            continue
+        m = _RAW_LINE.match(ln)
+        if not m:
+            bad += 1
+            continue
+        parts = m.group(1).split(";")
+        pid: int | None = None
+        tid, tname = "", ""
+        i = 0
+        while i < len(parts):
+            pm = _PROC_HDR.match(parts[i])
+            tm = _THREAD_HDR.match(parts[i]) if not pm else None
+            if pm:
+                pid = int(pm.group(1))
+            elif tm:
+                tid, tname, with_ids = tm.group(1), (tm.group(2) or "").strip(), True
+            else:
+                break
+            i += 1
+        frames = []
+        for p in parts[i:]:
+            fr = parse_frame(p)
+            if fr is None:
+                break
+            frames.append(fr)
+        else:
+            good += 1
+            key = (pid, tid)
+            th = threads.get(key)
+            if th is None:
+                th = threads[key] = ThreadSamples(tid, tname, pid)
+            stack = tuple(reversed(frames))
+            th.stacks[stack] = th.stacks.get(stack, 0) + int(m.group(2))
+            continue
+        bad += 1
+    if not good:
+        raise EvidenceError(rel, "no py-spy raw sample lines ('frame;frame;... COUNT') found")
+    notes = [f"{bad} line(s) that are not samples were skipped"] if bad else []
+    if not with_ids:
+        threads = _split_unnamed(threads)
+    return ProfileFile("raw", list(threads.values()), with_ids, notes)
+
+
+def _split_unnamed(threads: dict[tuple[int | None, str], ThreadSamples]) -> dict[tuple[int | None, str], ThreadSamples]:
+    """Without ``--threads`` all threads share one bag: stacks rooted in threading's bootstrap
+    belong to helper threads, the rest to the main thread."""
+    out: dict[tuple[int | None, str], ThreadSamples] = {}
+    for (pid, _tid), th in threads.items():
+        main = out.setdefault((pid, "main"), ThreadSamples("main", "MainThread", pid))
+        other = out.setdefault((pid, "helpers"), ThreadSamples("helpers", "helper threads", pid))
+        for stack, n in th.stacks.items():
+            dest = other if any(_is_bootstrap(f) for f in stack[-3:]) else main
+            dest.stacks[stack] = dest.stacks.get(stack, 0) + n
+    return {k: v for k, v in out.items() if v.stacks}
+
+
+def parse_speedscope(doc: dict[str, Any], rel: str) -> ProfileFile:
+    """py-spy ``record -f speedscope``: one sampled profile per thread, frames shared."""
+    try:
+        frames_in = doc["shared"]["frames"]
+        profiles = doc["profiles"]
+    except (KeyError, TypeError):
+        raise EvidenceError(rel, "speedscope file without shared.frames/profiles") from None
+    table: list[Frame] = []
+    for f in frames_in:
+        if not isinstance(f, dict):
+            raise EvidenceError(rel, "speedscope frame is not an object")
+        file = str(f.get("file") or "")
+        line = int(f.get("line") or 0)
+        native = not (file.endswith((".py", ".pyw", ".pyx")) or file.startswith("<"))
+        table.append((sys.intern(str(f.get("name") or "?")), sys.intern(file), line, native))
+    threads = []
+    for prof in profiles:
+        if not isinstance(prof, dict) or prof.get("type") != "sampled":
+            continue
+        m = _SPEEDSCOPE_NAME.search(str(prof.get("name") or ""))
+        th = ThreadSamples(m.group(2) if m else str(len(threads)), (m.group(3) or "") if m else "",
+                           int(m.group(1)) if m and m.group(1) else None)
+        for sample in prof.get("samples") or []:
+            try:
+                stack = tuple(table[i] for i in reversed(sample))
+            except (IndexError, TypeError):
+                raise EvidenceError(rel, "speedscope sample names a frame that does not exist") from None
+            th.stacks[stack] = th.stacks.get(stack, 0) + 1
+        if th.stacks:
+            threads.append(th)
+    if not threads:
+        raise EvidenceError(rel, "speedscope file has no sampled profile")
+    return ProfileFile("speedscope", threads, True)
+
+
+def main_thread(pf: ProfileFile) -> ThreadSamples | None:
+    """The training loop's thread: named MainThread in the main process (not a DataLoader
+    worker), else the busiest thread whose stacks are not rooted in threading's bootstrap."""
+    def is_worker(th: ThreadSamples) -> bool:
+        return any(not f[3] and f[0].endswith("_worker_loop") and "torch/utils/data/_utils/worker" in f[1]
+                   for s in list(th.stacks)[:20] for f in s)
+
+    cands = [t for t in pf.threads if not is_worker(t)] or pf.threads
+    named = [t for t in cands if t.name == "MainThread"]
+    if named:
+        return max(named, key=lambda t: t.total)
+    rooted = [t for t in cands if not any(s and _is_bootstrap(s[-1]) for s in t.stacks)]
+    pool = rooted or cands
+    return max(pool, key=lambda t: t.total) if pool else None
+
+
+# --- step timings from doctor.torch -----------------------------------------------------------
+
+def parse_steps(path: Path, rel: str, hints: Hints) -> dict[str, Any]:
+    """The helper's JSONL: a header line, then one record per step."""
+    header: dict[str, Any] | None = None
+    recs: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for ln in fh:
+            ln = ln.strip()
+            if not ln:
+                continue
+            try:
+                rec = json.loads(ln)
+            except ValueError:
+                bad += 1
+                continue
+            if not isinstance(rec, dict):
+                bad += 1
+            elif rec.get("schema") == STEPS_SCHEMA:
+                header = header or rec
+            elif isinstance(rec.get("step_time"), (int, float)):
+                recs.append(rec)
+    if header is None:
+        raise EvidenceError(rel, f"no {STEPS_SCHEMA} header line")
+    rank = header.get("rank") if isinstance(header.get("rank"), int) else hints.rank
+    return {"type": "steps", "header": header, "records": recs, "bad": bad, "rank": rank}
+
+
+def summarize_steps(data: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-rank and job-wide step-time facts from the helper's records."""
+    by_rank: dict[str, dict[str, Any]] = {}
+    tot_step = tot_data = tot_gc = 0.0
+    phase_tot: dict[str, float] = {}
+    compiles = 0
+    slow_any: dict[str, Any] = {"n_slow": 0, "periodic": False, "interval": 0, "lost_share": 0.0}
+    for d in data:
+        recs = [r for r in d["records"] if r["step_time"] > 0]
+        if not recs:
+            continue
+        rank = d["rank"] if d["rank"] is not None else 0
+        times = [float(r["step_time"]) for r in recs]
+        steps = [int(r.get("step", i)) for i, r in enumerate(recs)]
+        st = sum(times)
+        dt = sum(float(r.get("data_time") or 0.0) for r in recs)
+        gt = sum(float(r.get("gc_time") or 0.0) for r in recs)
+        phases: dict[str, float] = {}
+        for r in recs:
+            for k, v in (r.get("phases") or {}).items():
+                if isinstance(v, (int, float)):
+                    phases[k] = phases.get(k, 0.0) + float(v)
+        comp = max((int(r.get("compiles") or 0) for r in recs), default=0)
+        slow = ts.periodic_slow_steps(steps, times)
+        srt = sorted(times)
+        by_rank[str(rank)] = {
+            "steps": len(recs), "step_time_median": round(statistics.median(times), 6),
+            "step_time_p90": round(srt[min(len(srt) - 1, int(0.9 * len(srt)))], 6),
+            "step_time_max": round(max(times), 6),
+            "data_share": round(dt / st, 4) if st else 0.0, "gc_share": round(gt / st, 4) if st else 0.0,
+            "phase_share": {k: round(v / st, 4) for k, v in phases.items()} if st else {},
+            "compiles": comp, "slow": slow,
+        }
+        tot_step += st
+        tot_data += dt
+        tot_gc += gt
+        compiles = max(compiles, comp)
+        for k, v in phases.items():
+            phase_tot[k] = phase_tot.get(k, 0.0) + v
+        if slow["lost_share"] > slow_any.get("lost_share", 0.0) or (slow["periodic"] and not slow_any["periodic"]):
+            slow_any = dict(slow) | {"rank": rank}
+    if not by_rank:
+        return {}
+    meds = {r: v["step_time_median"] for r, v in by_rank.items()}
+    mid = statistics.median(meds.values())
+    return {
+        "ranks": sorted(int(r) for r in by_rank),
+        "n_steps": sum(v["steps"] for v in by_rank.values()),
+        "step_time_median": round(mid, 6),
+        "slowest_rank": int(max(meds, key=lambda r: meds[r])),
+        "slowest_ratio": round(max(meds.values()) / mid, 3) if mid else 0.0,
+        "data_share": round(tot_data / tot_step, 4) if tot_step else 0.0,
+        "gc_share": round(tot_gc / tot_step, 4) if tot_step else 0.0,
+        "phase_share": {k: round(v / tot_step, 4) for k, v in phase_tot.items()} if tot_step else {},
+        "checkpoint_share": round(sum(v for k, v in phase_tot.items() if "checkpoint" in k or k in ("save", "ckpt")) / tot_step, 4) if tot_step else 0.0,
+        "compiles": compiles,
+        "slow": slow_any,
+        "by_rank": by_rank,
+    }
+
+
+# --- source lines (live) ----------------------------------------------------------------------
+
+def _source_line(pid: int, file: str, line: int, cache: dict[str, list[str] | None]) -> str:
+    """The text of ``file:line`` as the process sees it (its root and cwd), scrubbed; '' if not
+    readable. Only ``.py`` files, only up to MAX_SOURCE_BYTES."""
+    if line <= 0 or not file.endswith(".py"):
+        return ""
+    if file not in cache:
+        cands = [f"/proc/{pid}/root{file}", file] if file.startswith("/") else [f"/proc/{pid}/cwd/{file}"]
+        cache[file] = None
+        for c in cands:
+            try:
+                if os.path.getsize(c) > MAX_SOURCE_BYTES:
+                    break
+                with open(c, encoding="utf-8", errors="replace") as fh:
+                    cache[file] = fh.read().splitlines()
+                break
+            except OSError:
+                continue
+    lines = cache[file]
+    if not lines or line > len(lines):
+        return ""
+    return scrub(lines[line - 1].strip())[:200]
+
+
+def source_lines(pid: int, thread: ThreadSamples | None, cache: dict[str, list[str] | None]) -> dict[str, str]:
+    """Texts of the innermost Python lines of the main thread's stacks, most samples first."""
+    if thread is None:
+        return {}
+    counts: dict[tuple[str, int], int] = {}
+    for stack, n in thread.stacks.items():
+        keys = set()
+        if stack and not stack[0][3]:
+            keys.add((stack[0][1], stack[0][2]))  # the line a running sample stands on
+        site = ts.user_site(stack)  # the user's own line (the report's hot lines)
+        if site:
+            file, _, line = site.rpartition(":")
+            keys.add((file, int(line)))
+        for key in keys:
+            counts[key] = counts.get(key, 0) + n
+    out: dict[str, str] = {}
+    for (file, line), _n in sorted(counts.items(), key=lambda kv: -kv[1])[:MAX_LINES]:
+        text = _source_line(pid, file, line, cache)
+        if text:
+            out[f"{file}:{line}"] = text
+    return out
+
+
+def find_pyspy() -> str | None:
+    """py-spy on PATH, or beside this interpreter (a venv that is not activated)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def _failure(rc: int | None, text: str, pid: int) -> str:
+    low = text.lower()
+    if "permission denied" in low or "operation not permitted" in low:
+        return "permission denied (ptrace): run as the job's user or root, or add CAP_SYS_PTRACE"
+    if not Path(f"/proc/{pid}").exists() or "no such process" in low:
+        return "the process exited during sampling"
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and "py-spy>" not in ln), "")
+    return (first or f"py-spy exited with {rc}")[:200]
+
+
+# --- the probe --------------------------------------------------------------------------------
+
+class SamplesProbe(Probe):
+    name: ClassVar[str] = "samples"
+    title: ClassVar[str] = "Sampling profiles (time shares)"
+    collects: ClassVar[str] = (
+        "py-spy record --idle --threads -f raw of every rank at once for a short window (non-blocking "
+        "unless native frames are asked for), the text of the source lines the main threads stood on, "
+        "and the in-job helper's step timings (doctor.torch); local variables are never read."
+    )
+    priority: ClassVar[int] = 65  # raw sample lines are text: claim them before the log reader
+    build_order: ClassVar[int] = 90  # after env, procs, system, gpu, metrics: joins their facts
+    max_bytes: ClassVar[int] = 256 * 2**20
+    facts_schema: ClassVar[dict[str, str]] = {
+        "samples.ranks": "list<int>: ranks with a sampling profile",
+        "samples.n_ranks": "int: how many",
+        "samples.rate_hz": "int: sampling rate of the live window (0 when unknown: loose files)",
+        "samples.duration_s": "float: length of the live window (0 when unknown)",
+        "samples.samples_total": "int: main-thread samples over all ranks",
+        "samples.categories": "list<string>: the time-share categories (doctor/timeshare.py CATEGORIES): "
+                              + ", ".join(ts.CATEGORIES),
+        "samples.by_rank": "map<string,map>: per rank: samples, shares (category -> share of the main "
+                           "thread's samples, sum 1), top, data, busy, waiting, checkpoint, collective_ops, "
+                           "io_ops, sync_ops, compile_ops, hot (hottest user lines: where, share, category, "
+                           "text), still (share of the most common Python stack), main_thread, pid",
+        "samples.mean": "map<string,float>: per category (and data, busy, waiting, checkpoint) the mean share over ranks",
+        "samples.median": "map<string,float>: per category (and data, busy, waiting, checkpoint) the median share over ranks",
+        "samples.max": "map<string,float>: per category (and data, busy, waiting, checkpoint) the largest share of any rank",
+        "samples.max_rank": "map<string,int>: per category the rank with the largest share",
+        "samples.notable": f"map<string,list<int>>: per category the ranks at or above {NOTABLE_SHARE:.0%} of their time",
+        "samples.frozen_ranks": f"list<int>: ranks with {ts.FROZEN_SHARE:.1%} or more of their samples on one "
+                                "Python stack (blocked, or one endless line)",
+        "samples.progress": "string: hung | progressing | '' from the window: ranks that wait in collectives "
+                            "never leave them (hung) or do (steps complete); job.observed_state uses it",
+        "samples.n_windows": "int: sampling windows read (live rounds; loose files count as one)",
+        "samples.windows_over": f"map<string,int>: for {', '.join(ts.WINDOW_KEYS)}: windows in which some rank "
+                                f"spent {ts.WINDOW_SHARE:.0%} or more there (two windows apart: a pattern, not a one-off)",
+        "samples.share_sum_min": "float: smallest per-rank sum of shares (1.0 up to rounding)",
+        "samples.share_sum_max": "float: largest per-rank sum of shares",
+        "samples.collective_ops": "map<string,float>: collective op -> mean share over ranks",
+        "samples.straggler": "map: detected, ranks, category (the straggler's largest non-collective category), "
+                             "cause (input | compute | gpu | host | io | compile | host_sync | gc | logging | other), "
+                             "peers_collective, straggler_collective (median collective shares), evidence, detail",
+        "samples.straggler.detected": "bool: some ranks compute while the rest wait for them in collectives",
+        "samples.straggler.ranks": "list<int>: the stragglers",
+        "samples.straggler.cause": "string: why they are slow (see samples.straggler)",
+        "samples.straggler.category": "string: their largest non-collective category",
+        "samples.straggler.peers_collective": "float: median collective share of the other ranks",
+        "samples.straggler.straggler_collective": "float: median collective share of the stragglers",
+        "samples.straggler.evidence": "list<string>: readable lines behind the cause",
+        "samples.straggler.detail": "string: one line",
+        "samples.hot": "list<map>: hottest user lines over all ranks: where, share (of all samples), category, text, ranks",
+        "samples.hot[].where": "string: file:line of the user's code",
+        "samples.hot[].share": "float: share of all ranks' samples on that line",
+        "samples.hot[].category": "string: the category most of its samples fall in",
+        "samples.hot[].text": "string: the line's source text (live windows; empty when unknown)",
+        "samples.hot[].ranks": "list<int>: ranks where it is among the hottest",
+        "samples.window": "map: rate_hz, duration_s, nonblocking, native (live windows only)",
+        "samples.errors": "list<string>: ranks whose sampling failed, with py-spy's reason",
+        "samples.formats": "list<string>: raw | speedscope | meta | steps",
+        "samples.steps": "map: step timings of the in-job helper (doctor.torch): ranks, n_steps, step_time_median, "
+                         "slowest_rank, slowest_ratio, data_share, gc_share, phase_share, checkpoint_share, "
+                         "compiles, slow (n_slow, periodic, interval, lost_share, median_s, slow_median_s, rank), by_rank",
+        "samples.steps.data_share": "float: sum of data-wait time / sum of step time, all ranks",
+        "samples.steps.gc_share": "float: time in Python GC / step time, all ranks",
+        "samples.steps.checkpoint_share": "float: time in phases named checkpoint/save/ckpt / step time",
+        "samples.steps.compiles": "int: graphs torch.compile built (Dynamo's unique_graphs counter at the last step)",
+        "samples.steps.slow": "map: slow steps (3x median): n_slow, periodic, interval, lost_share, rank",
+        "samples.steps.slow.periodic": "bool: the slow steps come at a fixed interval",
+        "samples.steps.slow.interval": "int: that interval in steps",
+        "samples.steps.slow.lost_share": "float: time above the median spent in slow steps / all step time",
+        "samples.steps.n_steps": "int: step records read",
+        "samples.steps.ranks": "list<int>: ranks with step records",
+    }
+
+    # -- offline ---------------------------------------------------------------------------
+
+    def sniff(self, sample: Sample) -> bool:
+        raw = sample.raw
+        if b"\x00" in raw[:4096]:
+            return False
+        head = raw[:400]
+        if META_SCHEMA.encode() in head:
+            return True
+        first = raw.split(b"\n", 1)[0]
+        if STEPS_SCHEMA.encode() in first and first.lstrip().startswith(b"{"):
+            return True
+        if b"speedscope.app/file-format-schema" in raw[:2000]:
+            return True
+        lines = [ln for ln in sample.text.splitlines()[:40] if ln.strip()]
+        if not lines:
+            return False
+        complete = lines[:-1] if len(lines) > 1 and sample.size > len(raw) else lines  # last may be cut
+        ok = py = 0
+        for ln in complete:
+            m = _RAW_LINE.match(ln.rstrip())
+            if not m:
+                continue
+            parts = m.group(1).split(";")
+            frames = [p for p in parts if not (_THREAD_HDR.match(p) or _PROC_HDR.match(p))]
+            if frames and all(parse_frame(p) is not None for p in frames):
+                ok += 1
+                py += any(".py:" in p for p in frames)
+        return ok >= max(1, int(0.9 * len(complete))) and py > 0
+
+    def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
+        sample = Sample.read(path)
+        head = sample.raw[:400]
+        if META_SCHEMA.encode() in head:
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+            except ValueError as exc:
+                raise EvidenceError(rel, f"not valid JSON ({exc})") from None
+            if not isinstance(doc, dict) or doc.get("schema") != META_SCHEMA:
+                raise EvidenceError(rel, f"not an {META_SCHEMA} document")
+            return Parsed(self.name, rel, {"type": "meta", "doc": doc}, None, doc.get("host") or hints.host)
+        if STEPS_SCHEMA.encode() in sample.raw.split(b"\n", 1)[0]:
+            data = parse_steps(path, rel, hints)
+            return Parsed(self.name, rel, data, data["rank"], data["header"].get("host") or hints.host)
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if b"speedscope.app/file-format-schema" in sample.raw[:2000]:
+            try:
+                doc = json.loads(text)
+            except ValueError as exc:
+                raise EvidenceError(rel, f"speedscope file is not valid JSON ({exc})") from None
+            pf = parse_speedscope(doc, rel)
+        else:
+            pf = parse_raw(text, rel)
+        main = main_thread(pf)
+        if main is None or not main.stacks:
+            raise EvidenceError(rel, "no main-thread samples")
+        return Parsed(self.name, rel, {"type": "profile", "fmt": pf.fmt, "main": main, "threads": len(pf.threads),
+                                       "thread_ids": pf.thread_ids, "pid": main.pid or hints.pid},
+                      hints.rank, hints.host, pf.notes)
+
+    def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
+        metas = [p.data["doc"] for p in parsed if p.data["type"] == "meta"]
+        profiles = [p for p in parsed if p.data["type"] == "profile"]
+        steps = [p.data for p in parsed if p.data["type"] == "steps"]
+        lines: dict[str, str] = {}
+        window: dict[str, Any] = {}
+        errors: list[str] = []
+        pid_rank: dict[tuple[str, int], int] = {}
+        for m in metas:
+            lines.update({k: str(v) for k, v in (m.get("lines") or {}).items()})
+            if not window or float(m.get("duration_s") or 0) > float(window.get("duration_s") or 0):
+                window = {k: m.get(k) for k in ("rate_hz", "duration_s", "nonblocking", "native")}
+            for r in m.get("ranks") or []:
+                if isinstance(r, dict) and isinstance(r.get("pid"), int) and isinstance(r.get("rank"), int):
+                    pid_rank[(str(m.get("host") or ""), r["pid"])] = r["rank"]
+                if isinstance(r, dict) and not r.get("ok", True):
+                    errors.append(f"rank {r.get('rank')} (pid {r.get('pid')}): {r.get('reason', 'failed')}")
+        out: dict[str, Any] = {"formats": sorted({p.data["type"] if p.data["type"] != "profile" else p.data["fmt"]
+                                                  for p in parsed}),
+                               "window": window, "errors": errors[:50]}
+        # one Profile per rank (several windows of a rank are added up)
+        per_rank: dict[int, ts.Profile] = {}
+        per_window: dict[int, dict[int, ts.Profile]] = {}
+        info: dict[int, dict[str, Any]] = {}
+        unranked = [p for p in profiles if p.rank is None and pid_rank.get((p.host or "", p.data["pid"] or -1)) is None]
+        for p in profiles:
+            rank = p.rank
+            if rank is None:
+                rank = pid_rank.get((p.host or "", p.data["pid"] or -1))
+            if rank is None:
+                # loose files without a rank in their name: one file is a single-process job
+                rank = unranked.index(p) if len(unranked) > 1 else 0
+            prof = per_rank.setdefault(rank, ts.Profile())
+            wm = _WINDOW.search(p.path.rsplit("/", 1)[-1])
+            wprof = per_window.setdefault(int(wm.group(1)) if wm else 0, {}).setdefault(rank, ts.Profile())
+            for stack, n in p.data["main"].stacks.items():
+                prof.add(stack, n)
+                wprof.add(stack, n)
+            inf = info.setdefault(rank, {"pid": p.data["pid"], "main_thread": p.data["main"].name,
+                                         "threads": p.data["threads"], "files": 0})
+            inf["files"] += 1
+            if p.host:
+                inf["host"] = p.host
+        by_rank: dict[str, dict[str, Any]] = {}
+        sums = []
+        for rank in sorted(per_rank):
+            summ = per_rank[rank].summarize(lines)
+            summ.update(info[rank])
+            by_rank[str(rank)] = summ
+            sums.append(sum(summ["shares"].values()))
+        if by_rank:
+            facts_mod.set_world_size(facts, max(per_rank) + 1)
+        keys = list(ts.CATEGORIES) + ["data", "busy", "waiting", "checkpoint"]
+
+        def val(summ: dict[str, Any], k: str) -> float:
+            return float(summ["shares"][k]) if k in ts.CATEGORIES else float(summ[k])
+
+        vals = {k: {int(r): val(s, k) for r, s in by_rank.items()} for k in keys}
+        out.update({
+            "ranks": sorted(per_rank), "n_ranks": len(per_rank),
+            "rate_hz": int(window.get("rate_hz") or 0), "duration_s": float(window.get("duration_s") or 0.0),
+            "samples_total": sum(p.total for p in per_rank.values()),
+            "categories": list(ts.CATEGORIES),
+            "by_rank": by_rank,
+            "mean": {k: round(sum(v.values()) / len(v), 4) if v else 0.0 for k, v in vals.items()},
+            "median": {k: round(statistics.median(v.values()), 4) if v else 0.0 for k, v in vals.items()},
+            "max": {k: round(max(v.values()), 4) if v else 0.0 for k, v in vals.items()},
+            "max_rank": {k: max(v, key=lambda r, v=v: (v[r], -r)) if v else -1 for k, v in vals.items()},
+            "notable": {k: sorted(r for r, x in v.items() if x >= NOTABLE_SHARE) for k, v in vals.items()},
+            "frozen_ranks": sorted(int(r) for r, x in by_rank.items()
+                                   if x["samples"] >= ts.MIN_SAMPLES and x["still"] >= ts.FROZEN_SHARE),
+            "progress": ts.progress({int(r): x for r, x in by_rank.items()}),
+            "share_sum_min": round(min(sums), 4) if sums else 0.0,
+            "share_sum_max": round(max(sums), 4) if sums else 0.0,
+            "collective_ops": _mean_ops(by_rank, "collective_ops"),
+            "hot": _hot_overall(by_rank),
+        })
+        windows_over = dict.fromkeys(ts.WINDOW_KEYS, 0)
+        for wranks in per_window.values():
+            summs = [w.summarize(lines, hot=0) for w in wranks.values() if w.total >= ts.MIN_SAMPLES]
+            for k in ts.WINDOW_KEYS:
+                if any(val(x, k) >= ts.WINDOW_SHARE for x in summs):
+                    windows_over[k] += 1
+        out["n_windows"] = len(per_window)
+        out["windows_over"] = windows_over
+        strag = ts.stragglers({int(r): s for r, s in by_rank.items()})
+        _attribute(strag, by_rank, facts)
+        out["straggler"] = strag
+        if steps:
+            out["steps"] = summarize_steps(steps)
+            ws = max((int(d["header"].get("world_size") or 0) for d in steps), default=0)
+            facts_mod.set_world_size(facts, ws)
+        facts[self.name] = out
+
+    # -- live ------------------------------------------------------------------------------
+
+    def collect(self, ctx: CollectContext) -> dict[str, Any]:
+        exe = find_pyspy()
+        if exe is None:
+            raise ProbeSkipped("py-spy is not installed (pip install py-spy); no sampling profile")
+        ranks = ctx.ranks
+        if not ranks:
+            raise ProbeSkipped("no rank processes on this host")
+        duration = max(1, math.ceil(float(ctx.options.get("duration") or DEFAULT_DURATION)))
+        rate = int(ctx.options.get("rate") or DEFAULT_RATE)
+        native = bool(ctx.options.get("native"))
+        tmp = Path(tempfile.mkdtemp(prefix="mldoctor-samples-"))
+        procs: list[tuple[Any, subprocess.Popen[bytes], Path, float]] = []
+        try:
+            for rp in ranks:
+                out = tmp / f"rank{rp.rank}-{rp.pid}.txt"
+                argv = [exe, "record", "--pid", str(rp.pid), "--duration", str(duration), "--rate", str(rate),
+                        "--idle", "--threads", "--full-filenames", "--format", "raw", "--output", str(out)]
+                argv.append("--native" if native else "--nonblocking")
+                try:
+                    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT)
+                except OSError as exc:
+                    raise ProbeFailed(f"cannot run py-spy: {exc.strerror or exc}") from None
+                procs.append((rp, p, out, time.monotonic()))
+            deadline = time.monotonic() + duration + 15.0
+            results = []
+            for rp, p, out, t0 in procs:
+                try:
+                    text, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()  # our own py-spy, never the job
+                    text, _ = p.communicate()
+                    results.append((rp, out, False, "py-spy did not finish in time", 0, 0, time.monotonic() - t0))
+                    continue
+                msg = text.decode("utf-8", "replace")
+                m = _PYSPY_DONE.search(msg)
+                ok = p.returncode == 0 and out.is_file() and out.stat().st_size > 0
+                reason = "" if ok else _failure(p.returncode, msg, rp.pid)
+                results.append((rp, out, ok, reason, int(m.group(1)) if m else 0, int(m.group(2)) if m else 0,
+                                time.monotonic() - t0))
+            meta_ranks = []
+            lines: dict[str, str] = {}
+            cache: dict[str, list[str] | None] = {}
+            good = 0
+            for rp, out, ok, reason, n, errs, wall in results:
+                entry = {"rank": rp.rank, "pid": rp.pid, "ok": ok, "reason": reason, "samples": n,
+                         "errors": errs, "wall_s": round(wall, 3)}
+                if ok:
+                    text = out.read_text(encoding="utf-8", errors="replace")
+                    name = f"samples-r{ctx.round}-rank{rp.rank}.txt"
+                    entry["file"] = name
+                    ctx.add(name, text, rank=rp.rank, pid=rp.pid,
+                            meta={"rate_hz": rate, "duration_s": duration, "native": native,
+                                  "command": f"py-spy record --idle --threads -f raw -r {rate} -d {duration} "
+                                             + ("--native" if native else "--nonblocking") + f" --pid {rp.pid}"})
+                    try:
+                        pf = parse_raw(text, name)
+                        lines.update(source_lines(rp.pid, main_thread(pf), cache))
+                    except EvidenceError:
+                        pass
+                    good += 1
+                meta_ranks.append(entry)
+            doc = {"schema": META_SCHEMA, "host": ctx.host, "round": ctx.round, "rate_hz": rate,
+                   "duration_s": duration, "nonblocking": not native, "native": native,
+                   "ranks": meta_ranks, "lines": lines}
+            ctx.add(f"samples-r{ctx.round}-window.json", json.dumps(doc, indent=1))
+        finally:
+            for _rp, p, _out, _t0 in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not good:
+            first = next((e["reason"] for e in meta_ranks if e["reason"]), "every py-spy record failed")
+            raise ProbeFailed(first)
+        return {"ranks": good, "duration_s": duration, "rate_hz": rate}
+
+
+def _mean_ops(by_rank: dict[str, dict[str, Any]], key: str) -> dict[str, float]:
+    acc: dict[str, float] = {}
+    for s in by_rank.values():
+        for op, v in s.get(key, {}).items():
+            acc[op] = acc.get(op, 0.0) + float(v)
+    n = len(by_rank) or 1
+    return {op: round(v / n, 4) for op, v in sorted(acc.items(), key=lambda kv: -kv[1])}
+
+
+def _hot_overall(by_rank: dict[str, dict[str, Any]], top: int = 8) -> list[dict[str, Any]]:
+    acc: dict[str, dict[str, Any]] = {}
+    n = len(by_rank) or 1
+    for r, s in by_rank.items():
+        for h in s.get("hot", []):
+            e = acc.setdefault(h["where"], {"where": h["where"], "share": 0.0, "category": h["category"],
+                                            "text": h["text"], "ranks": []})
+            e["share"] += h["share"] / n
+            e["ranks"].append(int(r))
+    out = sorted(acc.values(), key=lambda e: -e["share"])[:top]
+    for e in out:
+        e["share"] = round(e["share"], 4)
+        e["ranks"] = sorted(e["ranks"])
+    return out
+
+
+def _attribute(strag: dict[str, Any], by_rank: dict[str, dict[str, Any]], facts: dict[str, Any]) -> None:
+    """Refine a compute-bound straggler's cause with the GPU and host facts when present: a
+    throttled or slower GPU says gpu; a rank that gets little CPU while it computes, or a
+    host loaded past its cores, says host."""
+    ev: list[str] = []
+    if strag.get("detected"):
+        ranks = strag["ranks"]
+        for r in ranks:
+            s = by_rank[str(r)]
+            ev.append(f"rank {r}: {s['shares'].get('collective', 0):.0%} in collectives, "
+                      f"{s['data']:.0%} loading data, {s['busy']:.0%} computing (top: {s['top']})")
+        ev.append(f"the other ranks wait in collectives {strag['peers_collective']:.0%} of the time (median)")
+        if strag["cause"] == "compute":
+            gpu = facts.get("gpu") or {}
+            gbr = gpu.get("by_rank") or {}
+            thr = {int(r) for t in gpu.get("throttled") or [] for r in (t.get("ranks") or [])}
+            bad_gpu = [r for r in ranks if r in thr or (gbr.get(str(r)) or {}).get("throttle_fault")]
+            procs = (facts.get("procs") or {}).get("by_rank") or {}
+            system = facts.get("system") or {}
+            cores = int(system.get("affinity_cores") or system.get("cores") or 0)
+            load = float(system.get("load1") or 0.0)
+            starved = [r for r in ranks if isinstance((procs.get(str(r)) or {}).get("cpu_pct"), (int, float))
+                       and procs[str(r)]["cpu_pct"] < 60.0 and by_rank[str(r)]["busy"] >= 0.5]
+            if bad_gpu:
+                strag["cause"] = "gpu"
+                ev.append(f"GPU of rank(s) {bad_gpu} throttled or behind its peers (gpu probe)")
+            elif starved or (cores and load > 1.5 * cores):
+                strag["cause"] = "host"
+                if starved:
+                    ev.append(f"rank(s) {starved} computing but getting under 60% of a core (procs)")
+                if cores and load > 1.5 * cores:
+                    ev.append(f"load average {load:.1f} on {cores} cores (system)")
+    strag["evidence"] = ev
+    if strag.get("detected"):
+        why = {"input": "the input pipeline (loading data)", "compute": "more compute than the others",
+               "gpu": "the GPU (throttled or behind its peers)", "host": "the host's CPU", "io": "file/checkpoint I/O",
+               "compile": "torch.compile compiling", "host_sync": "waiting for the device",
+               "gc": "garbage collection", "logging": "logging"}.get(strag["cause"], strag["category"])
+        names = ", ".join(str(r) for r in strag["ranks"])
+        one = len(strag["ranks"]) == 1
+        strag["detail"] = (f"rank{'' if one else 's'} {names} spend{'s' if one else ''} "
+                           f"{strag['straggler_collective']:.0%} of {'its' if one else 'their'} time in collectives "
+                           f"while the other ranks wait there {strag['peers_collective']:.0%} of theirs; "
+                           f"{'it is' if one else 'they are'} slowed by {why}")
+
+
+PROBE = SamplesProbe()

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import tarfile
 import tempfile
 import time
@@ -215,10 +214,6 @@ class Bundle:
 
     def artifact_path(self, art: dict[str, Any]) -> Path:
         return self.root / art["path"]
-
-    @property
-    def hostname(self) -> str:
-        return socket.gethostname()
 
 
 def _is_tar(path: Path) -> bool:

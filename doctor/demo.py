@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from doctor import targets
 from doctor.errors import UserError
 from doctor.report import Report
 
@@ -58,12 +59,10 @@ def wait_until_stuck(proc: subprocess.Popen[bytes], log: Path, scenario: str) ->
         steps = len(STEP_LINE_RE.findall(text))
         if steps != last_steps:
             last_steps, last_change = steps, time.monotonic()
-        faulted = sc.cause is None or FAULT_LINE_RE.search(text) or sc.fault_rank is None
         if sc.state in ("healthy", "slow"):
             if steps >= 2 * sc.nproc:
                 return "running"
-        elif faulted and steps >= 0 and time.monotonic() - last_change >= QUIET_FOR and (
-                FAULT_LINE_RE.search(text) or sc.fault_rank is None):
+        elif (FAULT_LINE_RE.search(text) or sc.fault_rank is None) and time.monotonic() - last_change >= QUIET_FOR:
             return "stuck"
         time.sleep(0.2)
     raise UserError(f"scenario {scenario}: the job did not reach its fault within {START_DEADLINE:.0f}s; see {log}")
@@ -72,16 +71,9 @@ def wait_until_stuck(proc: subprocess.Popen[bytes], log: Path, scenario: str) ->
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (torchrun puts each rank in a session of its own)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    for p in targets.all_procs().values():
+        if p.state != "Z":
+            children.setdefault(p.ppid, []).append(p.pid)
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):
@@ -106,11 +98,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+    info = targets.read_proc(pid)
+    return info is not None and info.state != "Z"
 
 
 def leftovers(proc: subprocess.Popen[bytes], known: list[int]) -> list[int]:
@@ -125,7 +114,9 @@ def run_demo(scenario: str, nproc: int | None = None, budget: float = 30.0,
     from doctor.rule import format_ranks
     from doctor.scenarios import SCENARIOS
 
-    sc = SCENARIOS[scenario] if scenario in SCENARIOS else None
+    sc = SCENARIOS.get(scenario)
+    if sc is None:
+        raise UserError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     with tempfile.TemporaryDirectory(prefix="mldoctor-demo-") as tmp:
         proc, log = start(scenario, Path(tmp), nproc)
         try:
@@ -138,7 +129,6 @@ def run_demo(scenario: str, nproc: int | None = None, budget: float = 30.0,
                 report = agent.diagnose_live(pids=[proc.pid], logs=[log], budget=budget, out=out)
         finally:
             stop(proc)
-    assert sc is not None
     got = report.findings[0] if report.findings else None
     want = f"{sc.cause or 'nothing wrong'}" + (f" on ranks {format_ranks(sc.culprit_ranks)}" if sc.culprit_ranks else "")
     if got is None:

@@ -7,7 +7,6 @@ one-line entry in ``evidence.errors``; it never stops the rest.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +99,7 @@ def items_from_bundle(bundle: Bundle) -> list[Item]:
     return items
 
 
-def _claim(item: Item, probes: tuple[Any, ...]) -> Any | None:
-    sample = Sample.read(item.path)
+def _claim(sample: Sample, probes: tuple[Any, ...]) -> Any | None:
     if sample.size == 0:
         return None
     for p in probes:
@@ -113,13 +111,10 @@ def _claim(item: Item, probes: tuple[Any, ...]) -> Any | None:
     return None
 
 
-def _also(item: Item, probes: tuple[Any, ...], owner: Any | None) -> list[Any]:
+def _also(sample: Sample, probes: tuple[Any, ...], owner: Any | None) -> list[Any]:
     """Probes that read a file besides its owner (an optional ``also_sniff(sample)``): a trainer
     log is evidence both of what failed (logs) and of how the loss went (metrics)."""
     readers = [p for p in probes if p is not owner and getattr(p, "also_sniff", None)]
-    if not readers:
-        return []
-    sample = Sample.read(item.path)
     out = []
     for p in readers:
         try:
@@ -145,12 +140,13 @@ def build(items: list[Item], source: str, symptom: str | None = None,
     for item in items:
         t0 = time.perf_counter()
         try:
-            probe = by_name.get(item.kind) if item.kind else _claim(item, probes)
+            sample = Sample.read(item.path)  # read once: the owner's sniff and the extra readers share it
+            probe = by_name.get(item.kind) if item.kind else _claim(sample, probes)
         except OSError as exc:
             ev["errors"].append(f"{item.rel}: cannot read ({exc.strerror or exc})")
             continue
         try:
-            extra = _also(item, probes, probe)
+            extra = _also(sample, probes, probe)
         except OSError:
             extra = []
         if probe is None and not extra:
@@ -284,6 +280,3 @@ def schema_markdown() -> str:
         lines.append("")
     return "\n".join(lines)
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false", "no")

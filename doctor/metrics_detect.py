@@ -557,7 +557,7 @@ def restarts(s: Series, p: Params) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     st = s.step
     if len(st) >= 2 and s.step_from == "column":
-        back = np.flatnonzero(np.diff(st) <= 0) + 1
+        back = np.flatnonzero(st[1:] <= st[:-1]) + 1  # no int64 temporary of ten million
         for i in back[: p.max_events]:
             out.append({"kind": "resume", "step": int(st[i]), "from_step": int(st[i - 1])})
     for m in ("epoch", "consumed"):

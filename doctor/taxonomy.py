@@ -12,7 +12,7 @@ import yaml
 def load() -> dict[str, dict[str, dict[str, str]]]:
     """``{category: {cause_id: {means, look_for}}}`` from the shipped taxonomy.yaml."""
     text = resources.files("doctor").joinpath("taxonomy.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~8x faster
 
 
 @lru_cache(maxsize=1)

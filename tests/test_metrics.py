@@ -17,6 +17,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 from doctor.probes import metrics as M
 
@@ -390,3 +391,31 @@ def test_chart_marks_events() -> None:
     svg = loss_chart_svg(M.load_table([FIX / "divergence"]))
     assert "fill-opacity" in svg  # divergence shaded
     assert "no loss values" in loss_chart_svg({})
+
+
+def test_csv_read_in_parallel_ranges_equals_one_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Byte ranges parsed on several threads give the very series one range gives, across a
+    repeated header, a blank line, text in a number column, a step cell that is not a number and a
+    last line without newline (each can fall at a range edge when ranges are 2 KiB)."""
+    text = (FIX / "resume" / "metrics.csv").read_text().splitlines()
+    head = text[0]
+    at = next(i for i, ln in enumerate(text[1:], 1) if ln.startswith("251,") and i > 260)
+    body = text[1:at] + [head] + text[at:]
+    body[40] = ""  # a blank line
+    f = body[90].split(",")
+    body[90] = ",".join(f[:2] + ["garbage"] + f[3:])  # text in the loss column: read as not a number
+    body[120] = "x" + body[120][body[120].index(","):]  # a step that is not a number
+    p = tmp_path / "metrics.csv"
+    p.write_text("\n".join([head] + body))  # no newline at the end
+    monkeypatch.setattr(M, "CSV_RANGE_BYTES", 2048)
+    assert len(M._csv_ranges(p, len(head) + 1, p.stat().st_size)) > 8
+    many = M.read_csv(p, "metrics.csv", Hints())
+    monkeypatch.setattr(M, "CSV_RANGE_BYTES", 2**40)
+    one = M.read_csv(p, "metrics.csv", Hints())
+    assert len(many) == len(one) == 1
+    a, b = many[0], one[0]
+    assert a.rows == b.rows == len(text) - 1 - 2  # the blanked and the step-less rows are gone
+    assert (a.step == b.step).all() and a.cols.keys() == b.cols.keys()
+    for m in a.cols:
+        assert ((a.cols[m] == b.cols[m]) | (np.isnan(a.cols[m]) & np.isnan(b.cols[m]))).all(), m
+    assert int(b.step[-1]) == int(text[-1].split(",")[0])

@@ -106,12 +106,16 @@ def canonical(raw: str) -> tuple[str, float] | None:
 # -- assembling rows from line-oriented formats ------------------------------------------------
 
 class Rows:
-    """Rows keyed by step in arrival order; a repeated step merges, a step going back starts a row."""
+    """Rows keyed by step in arrival order; a repeated step merges, a step going back starts a row.
+
+    A NaN kept as a value is a logged NaN (a gap is a row without the metric); that is read off
+    the values at the end, so adding a value is two dictionary operations (a million-line JSONL
+    file goes through here once per line).
+    """
 
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.vals: dict[str, dict[int, float]] = {}
-        self.nan: dict[str, set[int]] = {}
         self.marks: list[dict[str, Any]] = []
 
     def row_for(self, step: int) -> int:
@@ -120,14 +124,22 @@ class Rows:
         return len(self.steps) - 1
 
     def put(self, row: int, metric: str, value: float) -> None:
-        self.vals.setdefault(metric, {})[row] = value
-        if value != value:
-            self.nan.setdefault(metric, set()).add(row)
+        d = self.vals.get(metric)
+        if d is None:
+            d = self.vals[metric] = {}
+        d[row] = value
 
     def add(self, step: int, values: dict[str, float]) -> None:
-        row = self.row_for(step)
+        steps = self.steps
+        if not steps or steps[-1] != step:
+            steps.append(step)
+        row = len(steps) - 1
+        vals = self.vals
         for m, v in values.items():
-            self.put(row, m, v)
+            d = vals.get(m)
+            if d is None:
+                d = vals[m] = {}
+            d[row] = v
 
     @property
     def last_step(self) -> int | None:
@@ -145,12 +157,14 @@ class Rows:
             a = np.full(n, np.nan)
             if d:
                 idx = np.fromiter(d.keys(), np.int64, len(d))
-                a[idx] = np.fromiter(d.values(), np.float64, len(d))
+                v = np.fromiter(d.values(), np.float64, len(d))
+                a[idx] = v
+                bad = np.isnan(v)
+                if bad.any():
+                    mask = np.zeros(n, bool)
+                    mask[idx[bad]] = True
+                    nl[m] = mask
             cols[m] = a
-            if m in self.nan:
-                mask = np.zeros(n, bool)
-                mask[list(self.nan[m])] = True
-                nl[m] = mask
         s = Series(name=name, file=file, fmt=fmt, step=np.asarray(self.steps, np.int64), cols=cols,
                    nan_logged=nl, rank=rank, run=run, step_from=step_from, marks=list(self.marks))
         _postprocess(s)
@@ -730,40 +744,71 @@ def _flatten(rec: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str,
     return out
 
 
+def _plan(keys: tuple[str, ...]) -> tuple[bool, list[tuple[str, str, float]]] | None:
+    """How to read a record with these keys: whether to skip it (evaluation and end-of-run
+    summaries), and (raw key, metric, factor) for the keys we read. Cached per key tuple, since
+    a metrics file repeats the same few key sets on every line."""
+    if any(k.startswith("eval_") for k in keys) or "train_runtime" in keys:
+        return True, []
+    out = []
+    for k in keys:
+        c = canonical(k)
+        if c is not None:
+            out.append((k, c[0], c[1]))
+    return False, out
+
+
 def _records_to_series(records: Any, rel: str, hints: Hints, fmt: str) -> list[Any]:
     per: dict[tuple[int | None, str | None], Rows] = {}
     ordinal: dict[tuple[int | None, str | None], int] = {}
+    plans: dict[tuple[str, ...], Any] = {}
     for rec in records:
         if not isinstance(rec, dict):
             continue
-        flat = _flatten(rec)
-        if any(str(k).startswith("eval_") for k in flat) or "train_runtime" in flat:
+        keys = tuple(rec)
+        plan = plans.get(keys)
+        if plan is None or plan[2]:  # new key set, or one with nested values: flatten it
+            flat = rec if plan is not None and not plan[2] else _flatten(rec)
+            nested = len(flat) != len(rec) or any(isinstance(v, dict) for v in rec.values())
+            skip, read = _plan(tuple(str(k) for k in flat))
+            if len(plans) < 1024:
+                plans[keys] = (skip, read, nested)
+        else:
+            flat = rec
+            skip, read = plan[0], plan[1]
+        if skip:
             continue
         vals: dict[str, float] = {}
         step = rank = run = None
-        for k, v in flat.items():
-            c = canonical(str(k))
-            if c is None:
-                continue
-            if c[0] == "run":
+        for k, m, factor in read:
+            v = flat[k]
+            if m == "run":
                 run = scrub(str(v))[:80]  # a name from the logs: scrubbed like any text we keep
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-                continue
-            try:
-                x = _num(v) if isinstance(v, str) else float(v)
-            except ValueError:
-                continue
-            if c[0] == "step":
-                step = int(x) if math.isfinite(x) else None
-            elif c[0] == "rank":
-                rank = int(x) if math.isfinite(x) else None
+            tv = type(v)
+            if tv is float or tv is int:
+                x = float(v)
+            elif tv is str:
+                try:
+                    x = _num(v)
+                except ValueError:
+                    continue
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                x = float(v)
             else:
-                vals.setdefault(c[0], x * c[1])
+                continue
+            if m == "step":
+                step = int(x) if math.isfinite(x) else None
+            elif m == "rank":
+                rank = int(x) if math.isfinite(x) else None
+            elif m not in vals:
+                vals[m] = x * factor
         if not vals:
             continue
         key = (rank if rank is not None else hints.rank, run)
-        rows = per.setdefault(key, Rows())
+        rows = per.get(key)
+        if rows is None:
+            rows = per[key] = Rows()
         if step is None:
             ordinal[key] = ordinal.get(key, 0) + 1
             step = ordinal[key]
@@ -786,6 +831,7 @@ def read_jsonl(path: Path, rel: str, hints: Hints) -> list[Any]:
         raise EvidenceError(rel, f"{size / 2**20:.0f} MiB JSONL is over the {LINE_FORMAT_MAX // 2**20} MiB "
                                  "line reader limit; export the metrics as CSV")
     bad = [0]
+    decode = json.JSONDecoder().raw_decode
 
     def records() -> Any:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -794,8 +840,13 @@ def read_jsonl(path: Path, rel: str, hints: Hints) -> list[Any]:
                 if not line.startswith("{"):
                     continue
                 try:
-                    yield json.loads(line)
+                    rec, end = decode(line)  # json.loads without its two whitespace regexes
                 except ValueError:
+                    bad[0] += 1
+                    continue
+                if end == len(line):
+                    yield rec
+                else:
                     bad[0] += 1
 
     try:

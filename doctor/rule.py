@@ -232,6 +232,8 @@ def format_ranks(ranks: list[int]) -> str:
 
 
 def _fmt(value: Any) -> str:
+    if isinstance(value, list) and not value:
+        return "(unknown)"  # "rank(s) (unknown) failed" reads better than "rank(s)  failed"
     if isinstance(value, list):
         if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return format_ranks(value)

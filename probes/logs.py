@@ -336,8 +336,20 @@ def _matches_any(lib: logscan.Library, line: str) -> bool:
 
 
 def _signature_hit(lines: list[str]) -> bool:
+    """Does any line, or two lines that read as one wrapped message, match a signature?"""
     lib = logscan.library()
-    return any(_matches_any(lib, ln) for ln in lines)
+    prev = ""
+    for ln in lines:
+        if _matches_any(lib, ln):
+            return True
+        body, _ = logscan._strip_prefixes(ln)
+        if prev and logscan.wraps(prev, body):
+            joined = prev + " " + body
+            sigs = logscan.seam_candidates(lib, prev, body, lib.candidates(prev) + lib.candidates(body))
+            if any(sig.regex.search(joined) for sig in sigs):
+                return True
+        prev = body
+    return False
 
 
 def _tail_lines(sample: Sample, nbytes: int = SNIFF_TAIL) -> list[str] | None:

@@ -93,6 +93,7 @@ class Library:
     loose: tuple[str, ...]                        # case-sensitive needles without a keyword
     loose_i: tuple[str, ...]                      # case-insensitive needles (tested on the lowercased line)
     order: dict[str, int]                         # signature id -> position in the library
+    longest: int = 80                             # characters of the longest needle
 
     def needles_in(self, line: str) -> set[str]:
         found: set[str] = set()
@@ -218,6 +219,7 @@ def library() -> Library:
         loose=tuple(loose),
         loose_i=tuple(sorted({n for s in sigs if s.ignorecase for n in s.needles})),
         order={s.id: i for i, s in enumerate(sigs)},
+        longest=max((len(n) for s in sigs for n in s.needles), default=80),
     )
 
 
@@ -334,6 +336,7 @@ class Scan:
     pid_rank: dict[int, int] = field(default_factory=dict)
     waits: list[dict[str, Any]] = field(default_factory=list)  # every collective timeout seen
     _tb: dict[Any, _Traceback] = field(default_factory=dict)
+    _prev: tuple[Any, ...] | None = None  # the last line: body, lineno, rank, host, pid, hits, failed sigs
     _fb: _FailureBlock = field(default_factory=_FailureBlock)
 
     def to_json(self) -> dict[str, Any]:
@@ -455,22 +458,74 @@ def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
     _traceback_step(scan, body, prefix_rank, stream_rank, lineno)
     _block_step(scan, body, lineno)
     cands = lib.candidates(body)
+    hits, failed = _matches(lib, cands, body) if cands else _NONE
+    prev = scan._prev
+    scan._prev = (body, lineno, prefix_rank, host, pid, hits, failed)
+    if prev is not None and prev[2] == prefix_rank and wraps(prev[0], body):
+        # A message soft-wrapped over two lines (pasted from a terminal, a notebook, a ticket):
+        # signatures are tried on the two lines joined, when a needle spans the break or a
+        # needle's regex failed on one line alone, and only for kinds neither line showed.
+        joined = prev[0] + " " + body
+        seen = {sig.kind for sig, _ in prev[5] + hits}
+        sigs = [sig for sig in seam_candidates(lib, prev[0], body, prev[6] + failed) if sig.kind not in seen]
+        shadowed: set[str] = set()
+        for sig, m in _matches(lib, sigs, joined)[0]:
+            shadowed.update(sig.shadows)
+            _hit(scan, sig, m, joined, prev[1], prev[2], prev[3] or host, prev[4] or pid)
+        hits = [(sig, m) for sig, m in hits if sig.kind not in shadowed]  # the whole message says more
+    for sig, m in hits:
+        _hit(scan, sig, m, body, lineno, prefix_rank, host, pid)
+
+
+_NONE: tuple[list[Any], list[Signature]] = ([], [])  # a line without candidates (never mutated)
+
+
+def _matches(lib: Library, cands: list[Signature], body: str
+             ) -> tuple[list[tuple[Signature, re.Match[str]]], list[Signature]]:
+    """The signatures that match (one per kind, shadowed kinds dropped) and those whose needle
+    was there but whose regex did not match (the rest may be on the next line)."""
     if not cands:
-        return
+        return [], []
     seen_kinds: set[str] = set()
     shadowed: set[str] = set()
-    hits = []
+    hits, failed = [], []
     for sig in cands:
         m = sig.regex.search(body)
-        if not m or sig.kind in seen_kinds:
+        if not m:
+            failed.append(sig)
+            continue
+        if sig.kind in seen_kinds:
             continue
         seen_kinds.add(sig.kind)
         shadowed.update(sig.shadows)
         hits.append((sig, m))
-    for sig, m in hits:
-        if sig.kind in shadowed:
-            continue
-        _hit(scan, sig, m, body, lineno, prefix_rank, host, pid)
+    return [(sig, m) for sig, m in hits if sig.kind not in shadowed], failed
+
+
+# A line that starts a record of its own (a timestamp, a log level, a launcher or NCCL prefix,
+# a traceback line) is not the wrapped rest of the line before it.
+_RECORD_START = re.compile(r"(?:\s|\[(?:\s*\d+\.\d+\]|\d{4}-\d\d|\d\d:\d\d|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) |rank\d|default\d"
+                           r"|\d+,\d+\]|[A-Za-z][\w .:/-]*\])|[=*#~_-]{3}|\d{4}-\d\d|[IWEFV]\d{4} |[\w.-]+:\d+:\d+ |(?:INFO|WARN|WARNING|ERROR|DEBUG|CRITICAL)\b"
+                           r"|Traceback \(|File \")")
+
+
+def wraps(prev: str, cur: str) -> bool:
+    """Could ``cur`` be the rest of ``prev`` wrapped at a terminal's or an editor's width?"""
+    return len(prev) >= 30 and bool(cur) and not _RECORD_START.match(cur)
+
+
+def seam_candidates(lib: Library, prev: str, cur: str, failed: list[Signature]) -> list[Signature]:
+    """Signatures to try on ``prev + " " + cur``: those with a needle across the break, and
+    ``failed`` (a needle on one line whose regex needs the other)."""
+    tail, head = prev[-lib.longest:], cur[:lib.longest]
+    across = lib.needles_in(tail + " " + head)
+    if across:
+        across -= lib.needles_in(tail) | lib.needles_in(head)
+    sigs = {sig.id: sig for sig in failed}
+    for n in across:
+        for sig in lib.by_needle.get(n, ()):
+            sigs[sig.id] = sig
+    return sorted(sigs.values(), key=lambda sig: lib.order[sig.id])
 
 
 def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,

@@ -124,6 +124,43 @@ def test_sniff_leaves_other_kinds_alone(tmp_path):
     assert not _sniff(junk)
 
 
+def _kinds(path: Path) -> dict[str, int]:
+    return S.scan_file(path, path.name).counts
+
+
+@pytest.mark.parametrize("rel", ["logs/shm_small/torchrun.log", "logs/worker_kill/torchrun.log",
+                                 "logs/nccl_bad_ifname/torchrun.log", "logs/gpu_oom/torchrun.log"])
+def test_messages_wrapped_at_a_terminal_width_are_still_recognized(rel, tmp_path):
+    """Pasted into a ticket or a notebook, an error line arrives wrapped; the real log's error
+    lines are re-wrapped at 60 columns (prefixes stripped) and must show the same kinds."""
+    src = FIXTURES / rel
+    want = {k for k, n in _kinds(src).items() if n}
+    lines = []
+    for ln in src.read_text(errors="replace").splitlines():
+        body, _ = S._strip_prefixes(ln)
+        if S.library().candidates(body):  # an evidence line: paste it wrapped
+            lines += textwrap.wrap(body, 60, break_on_hyphens=False)
+    pasted = tmp_path / "pasted.txt"
+    pasted.write_text("\n".join(lines) + "\n")
+    assert _sniff(pasted)
+    got = {k for k, n in _kinds(pasted).items() if n}
+    assert want <= got | {"nccl_init_start", "nccl_init_complete", "nccl_transport", "nccl_version", "nccl_net",
+                          "nccl_bootstrap", "nccl_warn"}, want - got  # NCCL INFO/WARN lines start records of their own
+    assert got - want <= {"nccl_warn"}, got - want
+
+
+def test_joining_lines_adds_nothing_to_real_unwrapped_logs(monkeypatch):
+    """Every real log we have, scanned with and without the soft-wrap joining: same counts."""
+    logs = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.suffix in (".log", ".txt")
+                  and _sniff(p))
+    assert len(logs) > 15
+    with_join = {p: S.scan_file(p, p.name).sig_counts for p in logs}
+    monkeypatch.setattr(S, "wraps", lambda prev, cur: False)
+    monkeypatch.setattr(L.logscan, "wraps", lambda prev, cur: False)
+    for p in logs:
+        assert S.scan_file(p, p.name).sig_counts == with_join[p], p
+
+
 def test_empty_or_unreadable_log_is_one_line_error(tmp_path):
     empty = tmp_path / "rank0.log"
     empty.write_text("")

@@ -319,6 +319,32 @@ _COMPILED: list[_Compiled] = [
 ]
 
 
+# A generic wait (tier 3: a queue, a condition, a multiprocessing pipe) inside one of these
+# frames is a wait for the input pipeline: a training loop pulling its next batch from a
+# prefetching iterator that a background thread or process fills (fairseq's BufferedIterator,
+# Megatron/NeMo prefetchers, webdataset and torchdata pipes, hand-written loaders). Matched by
+# the iterator protocol in a data-named module, so it holds for code this table never saw.
+WAIT_CONTEXTS: list[dict[str, Any]] = [
+    {"state": "dataloader_wait", "op": "data_iterator", "native": False,
+     "file": r"(^|/)(data|datasets?|dataloaders?|data_?loading|loaders?|pipelines?)/[^/]+\.py$"
+             r"|(^|/)[^/]*(data_?loader|data_?iter\w*|iterators?|prefetch\w*|loader|batch\w*)\.py$",
+     "func": r"(^|\.)(__next__|__iter__|_next_data|next_batch|get_batch|_get_batch|_next|prefetch\w*)$",
+     "why": "a queue or condition wait under a data iterator's __next__: the loop waits for its next batch"},
+]
+_CONTEXTS = [(c["state"], c["op"], re.compile(c["file"]), re.compile(c["func"])) for c in WAIT_CONTEXTS]
+_GENERIC_WAITS = frozenset({"lock_wait", "ipc_wait"})
+
+
+@lru_cache(maxsize=16384)
+def _wait_context(name: str, file: str, native: bool) -> tuple[str, str] | None:
+    if native:
+        return None
+    for state, op, file_rx, func_rx in _CONTEXTS:
+        if file_rx.search(file) and func_rx.search(name):
+            return state, op
+    return None
+
+
 def _native_op(name: str) -> str:
     for rx, op in _NATIVE_OPS:
         if rx.search(name):
@@ -388,6 +414,11 @@ def classify(frames: list[Frame] | tuple[Frame, ...], active: bool | None) -> Ve
     if hit1 is not None:
         return Verdict(hit1[0], hit1[1], first1)
     if hit3 is not None:
+        if hit3[0] in _GENERIC_WAITS:
+            for j in range(first3 + 1, len(frames)):
+                ctx = _wait_context(frames[j][0], frames[j][1], frames[j][3])
+                if ctx is not None:
+                    return Verdict(ctx[0], ctx[1], j)
         return Verdict(hit3[0], hit3[1], first3)
     if not frames:
         return Verdict("idle")
@@ -446,8 +477,8 @@ def worker_activity(frames: list[Frame] | tuple[Frame, ...], active: bool | None
 
 def pattern_docs() -> list[dict[str, str]]:
     """The pattern table for documentation (``mldoctor facts --schema`` readers, tests)."""
-    return [{"state": p["state"], "op": p["op"], "tier": str(p["tier"]), "func": p.get("func", ""),
-             "file": p.get("file", ""), "why": p["why"]} for p in PATTERNS]
+    return [{"state": p["state"], "op": p["op"], "tier": str(p.get("tier", "3+")), "func": p.get("func", ""),
+             "file": p.get("file", ""), "why": p["why"]} for p in PATTERNS + WAIT_CONTEXTS]
 
 
 # ---------------------------------------------------------------------------------------------

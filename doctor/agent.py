@@ -167,7 +167,7 @@ def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, s
         except ImportError:
             raise UserError("SLURM support is not available in this build") from None
         return slurm.diagnose_slurm_job(slurm_job, symptom=symptom, rules_dirs=rules_dirs, budget=budget,
-                                        out=out, redact_hosts=redact_hosts)
+                                        out=out, redact_hosts=redact_hosts, duration=duration)
     t_start = time.perf_counter()
     trace = trace if trace is not None else Trace()
     the_job = targets.pick_job(targets.discover(pids or None), job)

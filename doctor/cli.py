@@ -254,12 +254,15 @@ def collect(
     job: Optional[str] = typer.Option(None, "--job", help="Which job on this host, when several run."),
     out: Path = typer.Option(..., "--out", help="Bundle folder to write, or - for a .tar.gz on stdout."),
     logs: list[Path] = typer.Option([], "--logs", help="Extra log files or folders to include."),
+    symptom: Optional[Symptom] = typer.Option(None, "--symptom", help="slow: also record a sampling window of every rank."),
+    duration: float = typer.Option(10.0, "--duration", help="Sampling window (s) for --symptom slow."),
 ) -> None:
     """Only collect evidence on this host into a bundle (what srun runs on each node)."""
     from doctor.collect import collect_local
 
     try:
-        collect_local(pids=pid, slurm_job=slurm_job, job=job, out=out, logs=logs)
+        collect_local(pids=pid, slurm_job=slurm_job, job=job, out=out, logs=logs,
+                      symptom=symptom.value if symptom else None, duration=duration)
     except UserError as exc:
         _fail(str(exc))
 

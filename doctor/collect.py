@@ -43,7 +43,8 @@ def follow_up_requests() -> list[tuple[str, dict[str, Any]]]:
 
 
 def collect_local(pids: list[int] | None = None, slurm_job: str | None = None, job: str | None = None,
-                  out: Path | str = "-", logs: list[Path] | None = None) -> Path | None:
+                  out: Path | str = "-", logs: list[Path] | None = None, symptom: str | None = None,
+                  duration: float = 10.0) -> Path | None:
     # Under srun the node name is the host (several slurmd may share one machine).
     host = (os.environ.get("SLURMD_NODENAME") if slurm_job else None) or socket.gethostname()
     to_stdout = str(out) == "-"
@@ -64,12 +65,12 @@ def collect_local(pids: list[int] | None = None, slurm_job: str | None = None, j
             bundle.note(str(exc))
         else:
             trace.add("discover", the_job.describe())
-            options = {"logs": [str(p) for p in logs or []]}
+            options = {"logs": [str(p) for p in logs or []], "duration": duration}
             requests = follow_up_requests()
             if requests:  # a follow-up round of diagnose --slurm-job: only what the rules asked for
                 Collector(bundle, the_job, trace, options).run(requests, 2)
             else:
-                collect_job(the_job, bundle, trace, options, None)
+                collect_job(the_job, bundle, trace, options, symptom)
         bundle.manifest["trace"] = trace.steps
         bundle.save()
         if not to_stdout:

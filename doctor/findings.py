@@ -133,7 +133,8 @@ def verdict(findings: list[Finding], facts: dict[str, Any], evaluable: int) -> d
         # Errors in the logs are not a healthy job, even when no rule can name their cause.
         first = logs.get("first_failure") or logs.get("first_error") or {}
         state = "hung" if logs.get("waits") and not logs.get("exited_ranks") else "crashed"
-        what = str(first.get("text") or first.get("kind") or "errors")[:160]
+        what = str(first.get("text") or first.get("kind") or "errors")
+        what = what if len(what) <= 160 else what[:159].rstrip() + "…"
         return {"state": state, "cause": "",
                 "summary": f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
     state = "healthy" if observed in ("", "progressing") else observed

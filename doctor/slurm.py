@@ -130,15 +130,17 @@ def default_node_timeout(budget: float) -> float:
     return max(MIN_NODE_TIMEOUT_S, min(budget * 0.75, budget - ANALYSIS_RESERVE_S))
 
 
-def collect_command(job_id: str) -> list[str]:
-    """What every node runs: this installation's ``mldoctor collect`` (or ``$MLDOCTOR_SLURM_COLLECT``)."""
+def collect_command(job_id: str, symptom: str | None = None, duration: float = 10.0) -> list[str]:
+    """What every node runs: this installation's ``mldoctor collect`` (or ``$MLDOCTOR_SLURM_COLLECT``);
+    ``--symptom slow`` makes every node record its sampling window too."""
     custom = os.environ.get(ENV_COLLECT, "").strip()
     if custom:
         prefix = shlex.split(custom)
     else:
         exe = Path(sys.executable).with_name("mldoctor")
         prefix = [str(exe) if exe.exists() else (shutil.which("mldoctor") or "mldoctor")]
-    return [*prefix, "collect", "--slurm-job", job_id, "--out", "-"]
+    extra = ["--symptom", symptom, "--duration", f"{duration:g}"] if symptom else []
+    return [*prefix, "collect", "--slurm-job", job_id, "--out", "-", *extra]
 
 
 def srun_command(job_id: str, nodes: list[str], node_expr: str, shared: Path, node_timeout: float,
@@ -330,7 +332,8 @@ def _last_line(path: Path) -> str:
 
 def run_fanout(job_id: str, nodes: list[str], node_expr: str, shared: Path, merger: Merger, deadline: float,
                node_timeout: float, env: dict[str, str], trace: Trace, result: FanOut | None = None,
-               requests: list[tuple[str, dict[str, Any]]] | None = None) -> FanOut:
+               requests: list[tuple[str, dict[str, Any]]] | None = None, symptom: str | None = None,
+               duration: float = 10.0) -> FanOut:
     """One srun over ``nodes``; merge fragments as they complete; stop at ``deadline``.
 
     ``requests``: a follow-up round (only these probe runs on each node, via the collector's
@@ -338,7 +341,8 @@ def run_fanout(job_id: str, nodes: list[str], node_expr: str, shared: Path, merg
     """
     res = result or FanOut(list(nodes))
     round_dir = Path(tempfile.mkdtemp(prefix="r", dir=shared))
-    argv = srun_command(job_id, nodes, node_expr, round_dir, node_timeout, collect_command(job_id))
+    argv = srun_command(job_id, nodes, node_expr, round_dir, node_timeout,
+                        collect_command(job_id, None if requests else symptom, duration))
     res.srun = argv
     trace.add("srun", shlex.join(argv))
     t0 = time.monotonic()
@@ -430,7 +434,7 @@ def run_fanout(job_id: str, nodes: list[str], node_expr: str, shared: Path, merg
 
 
 def fan_out(info: JobInfo, shared: Path, merger: Merger, node_timeout: float, env: dict[str, str],
-            trace: Trace) -> FanOut:
+            trace: Trace, symptom: str | None = None, duration: float = 10.0) -> FanOut:
     """Collect on every node; one retry for nodes lost only because srun aborted the step early.
 
     When one node cannot start its task, srun aborts the whole step; the nodes that had not
@@ -439,7 +443,8 @@ def fan_out(info: JobInfo, shared: Path, merger: Merger, node_timeout: float, en
     """
     t0 = time.monotonic()
     deadline = t0 + node_timeout
-    res = run_fanout(info.job_id, info.nodes, info.node_expr, shared, merger, deadline, node_timeout, env, trace)
+    res = run_fanout(info.job_id, info.nodes, info.node_expr, shared, merger, deadline, node_timeout, env, trace,
+                     symptom=symptom, duration=duration)
     innocent = [n for n, why in res.missing.items()
                 if not why.startswith(("srun could not start", "did not answer"))]
     launch_failed = any(why.startswith("srun could not start") for why in res.missing.values())
@@ -449,7 +454,7 @@ def fan_out(info: JobInfo, shared: Path, merger: Merger, node_timeout: float, en
             res.missing.pop(n, None)
         res.retried = list(innocent)
         res = run_fanout(info.job_id, innocent, ",".join(innocent), shared, merger, deadline, node_timeout, env,
-                         trace, res)
+                         trace, res, symptom=symptom, duration=duration)
     res.wall_s = time.monotonic() - t0
     return res
 
@@ -522,7 +527,8 @@ def _warm_up(rules_dirs: list[Path] | None) -> None:
 
 
 def diagnose_slurm_job(job_id: str, symptom: str | None = None, rules_dirs: list[Path] | None = None,
-                       budget: float = 30.0, out: Path | None = None, redact_hosts: bool = False) -> Report:
+                       budget: float = 30.0, out: Path | None = None, redact_hosts: bool = False,
+                       duration: float = 10.0) -> Report:
     """Collect on every node of the job through one srun, merge the fragments, diagnose."""
     trace = Trace()
     env = client_env()
@@ -551,7 +557,7 @@ def diagnose_slurm_job(job_id: str, symptom: str | None = None, rules_dirs: list
             shared = shared_dir(info, trace)
             trace.add("slurm", f"collecting on {len(info.nodes)} node(s) through srun; fragments in {shared}; "
                                f"{node_timeout:.0f}s per node")
-            fan = fan_out(info, shared, merger, node_timeout, env, trace)
+            fan = fan_out(info, shared, merger, node_timeout, env, trace, symptom, duration)
             for node, why in fan.missing.items():
                 bundle.record_probe(ProbeRun("collect", "failed", why, round(fan.wall_s, 3), node))
                 trace.add("missing", f"{node}: {why}")

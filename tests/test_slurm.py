@@ -235,9 +235,9 @@ def _no_collect_step_left(cluster, job_id: str) -> bool:  # noqa: ANN001
     return False
 
 
-def _diagnose(cluster, job_id: str, out: Path, **env: str) -> tuple[dict, float]:
+def _diagnose(cluster, job_id: str, out: Path, *args: str, **env: str) -> tuple[dict, float]:
     t0 = time.monotonic()
-    res = mldoctor("diagnose", "--slurm-job", job_id, "--json", "--out", str(out), env={**cluster.env, **env},
+    res = mldoctor("diagnose", "--slurm-job", job_id, "--json", "--out", str(out), *args, env={**cluster.env, **env},
                    timeout=180)
     took = time.monotonic() - t0
     assert res.returncode in (0, 1, 3), res.stderr
@@ -289,4 +289,18 @@ def test_a_node_that_does_not_answer_is_reported_and_the_rest_diagnosed(slurm_cl
     assert report["job"]["ranks_seen"] == [0, 1]  # node1 was diagnosed
     assert report["verdict"]["state"] == "hung"
     assert took < 8 + 15, f"{took:.1f}s: the 8 s per-node deadline did not hold (default is 22 s)"
+    assert slurm_cluster.job_state(hung_job) == "RUNNING"
+
+
+@pytest.mark.slurm
+@pytest.mark.live
+def test_symptom_slow_records_a_sampling_window_on_every_node(slurm_cluster, hung_job, tmp_path):  # noqa: F811
+    report, _ = _diagnose(slurm_cluster, hung_job, tmp_path / "out", "--symptom", "slow", "--duration", "2")
+    srun = [s["detail"] for s in report["trace"] if s["action"] == "srun"]
+    assert "--symptom slow --duration 2" in srun[0]
+    bundle = Bundle.load(next((tmp_path / "out").glob("mldoctor-*.tar.gz")), workdir=tmp_path)
+    sampled = {a["path"].split("/")[1] for a in bundle.manifest["artifacts"] if a["kind"] == "samples"}  # hosts/<node>/...
+    assert {"node1", "node2"} <= sampled, sorted(sampled)
+    # Sampled or not, a hung rank is a hung rank: the window of a stuck job does not turn it into "slow".
+    assert report["findings"][0]["cause"] == "rank_stuck_in_lock" and report["findings"][0]["ranks"] == [3]
     assert slurm_cluster.job_state(hung_job) == "RUNNING"

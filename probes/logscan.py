@@ -510,7 +510,10 @@ _RECORD_START = re.compile(r"(?:\s|\[(?:\s*\d+\.\d+\]|\d{4}-\d\d|\d\d:\d\d|(?:Mo
 
 
 def wraps(prev: str, cur: str) -> bool:
-    """Could ``cur`` be the rest of ``prev`` wrapped at a terminal's or an editor's width?"""
+    """Could ``cur`` be the rest of ``prev`` wrapped at a terminal's or an editor's width?
+
+    (A DataLoader shared-memory error pasted over three lines made this necessary:
+    https://github.com/fastai/docker-containers/issues/21.)"""
     return len(prev) >= 30 and bool(cur) and not _RECORD_START.match(cur)
 
 

@@ -177,7 +177,21 @@ def scrub_any(data: bytes) -> bytes:
 
 
 _IP = re.compile(r"(?<!\d)(?<!\d\.)(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?!\.?\d)")
-_KEEP_IPS = frozenset({"127.0.0.1", "0.0.0.0", "255.255.255.255"})
+# IPv6 by shape: eight groups, or groups on both sides of "::" (fe80::966d:ae03:8b:df78). Times
+# (13:31:22) and C++ names (c10d::ProcessGroupNCCL) do not fit; each hit is also checked with
+# the ipaddress module before it is replaced.
+_IP6 = re.compile(r"(?<![\w:.])(?:(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}"
+                  r"|(?:[0-9A-Fa-f]{1,4}:){1,6}(?::[0-9A-Fa-f]{1,4}){1,6})(?![\w:])")
+_KEEP_IPS = frozenset({"127.0.0.1", "0.0.0.0", "255.255.255.255", "::1", "::"})
+
+
+def _is_ip6(text: str) -> bool:
+    import ipaddress
+
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 _KEEP_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "none", "unknown"})
 
 
@@ -203,7 +217,7 @@ class HostRedactor:
         if not name or name.lower() in _KEEP_NAMES or name in _KEEP_IPS:
             return name
         if name not in self.mapping:
-            prefix = "ip" if self._ip.fullmatch(name) else "host"
+            prefix = "ip" if self._ip.fullmatch(name) or _is_ip6(name) else "host"
             n = len({v for v in self.mapping.values() if v.startswith(prefix + "-")})
             self.mapping[name] = f"{prefix}-{n}"
             self._names_re = None
@@ -214,7 +228,7 @@ class HostRedactor:
 
     def _names(self) -> re.Pattern[str] | None:
         if self._names_re is None:
-            names = sorted((k for k in self.mapping if not self._ip.fullmatch(k)), key=len, reverse=True)
+            names = sorted((k for k in self.mapping if not self.mapping[k].startswith("ip-")), key=len, reverse=True)
             if not names:
                 return None
             self._names_re = re.compile(r"(?<![A-Za-z0-9_-])(?:" + "|".join(map(re.escape, names))
@@ -223,6 +237,9 @@ class HostRedactor:
 
     def __call__(self, text: str) -> str:
         text = self._ip.sub(lambda m: m.group(0) if m.group(0) in _KEEP_IPS else self.alias(m.group(0)), text)
+        if "::" in text or text.count(":") >= 7:
+            text = _IP6.sub(lambda m: self.alias(m.group(0)) if _is_ip6(m.group(0)) and m.group(0) not in _KEEP_IPS
+                            else m.group(0), text)
         names = self._names()
         if names is not None:
             text = names.sub(lambda m: self.mapping[m.group(0)], text)

@@ -353,3 +353,11 @@ def test_host_redactor_is_consistent():
     assert out == "host-0 talks to host-1 at ip-0 and ip-0 again; host-0; node070; 127.0.0.1"
     assert red("10.1.2.4 then 10.1.2.3.") == "ip-1 then ip-0."
     assert red("version 1.2.3 and 999.1.1.1") == "version 1.2.3 and 999.1.1.1"  # not addresses
+    # IPv6, from a real NCCL IB error line (https://github.com/NVIDIA/nccl/issues/1405 style): full and "::" forms
+    line = ("H100-2:19989:20082 [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+            "fe80::966d:ae03:8b:df78%ib0<53249> localGid fd00:1148:9000:5000:4:200:3:ff22 at 13:31:22 in "
+            "c10d::ProcessGroupNCCL::WorkNCCL, ::1")
+    out = red(line)
+    assert "fe80::966d" not in out and "fd00:1148" not in out, out
+    assert "peer ip-2%ib0<53249> localGid ip-3 at 13:31:22 in c10d::ProcessGroupNCCL::WorkNCCL" in out, out
+    assert out.endswith("WorkNCCL, ::1")  # loopback kept

@@ -129,9 +129,12 @@ def verdict(findings: list[Finding], facts: dict[str, Any], evaluable: int) -> d
                 "summary": f"No rule fired, but the evidence ({', '.join(sorted(kinds))}) cannot show whether "
                            "the job is hung, slow or healthy; add stacks, logs, metrics or flight-recorder dumps."}
     logs = facts.get("logs") or {}
-    if observed in ("", "progressing") and (logs.get("waits") or logs.get("first_failure") or logs.get("first_error")):
-        # Errors in the logs are not a healthy job, even when no rule can name their cause.
-        first = logs.get("first_failure") or logs.get("first_error") or {}
+    cascade = next((e for e in logs.get("events") or [] if e.get("role") == "cascade"), None)
+    if observed in ("", "progressing") and (logs.get("waits") or logs.get("first_failure") or logs.get("first_error")
+                                            or cascade):
+        # Errors in the logs are not a healthy job, even when no rule can name their cause; nor
+        # are errors that only follow someone else's failure (a peer lost, a remote error).
+        first = logs.get("first_failure") or logs.get("first_error") or cascade or {}
         state = "hung" if logs.get("waits") and not logs.get("exited_ranks") else "crashed"
         what = str(first.get("text") or first.get("kind") or "errors")
         what = what if len(what) <= 160 else what[:159].rstrip() + "…"

@@ -446,6 +446,12 @@ def analyze_grad_norm(steps: np.ndarray, g: np.ndarray, p: Params) -> dict[str, 
     fin = np.isfinite(g)
     out["nonfinite"] = int(len(g) - np.count_nonzero(fin))
     out["first_nonfinite_step"] = int(steps[int(np.argmin(fin))]) if out["nonfinite"] else -1
+    # Non-finite norms at the end that never came back: the updates are NaN from there on (one
+    # overflow step that the fp16 scaler skips leaves a single non-finite point, not a tail).
+    last_ok = np.flatnonzero(fin[-100_000:])
+    tail = len(fin[-100_000:]) - 1 - int(last_ok[-1]) if len(last_ok) else len(fin)
+    out["nonfinite_tail"] = int(tail)
+    out["nonfinite_tail_step"] = int(steps[len(g) - tail]) if tail else -1
     gs, ss = finite_part(g, steps, fin)
     if len(gs) == 0:
         return out

@@ -1091,11 +1091,14 @@ def _looks_text(sample: Sample) -> bool:
     lines = [ln for ln in sample.text.replace("\r", "\n").split("\n")[:2000] if ln.strip()]
     if not lines:
         return False
+    # Three metric lines make a training log; a short paste (a few lines copied into a ticket)
+    # counts with two, since every line of it was chosen.
+    need = 2 if len(lines) <= 40 else 3
     hits = 0
     for ln in lines:
         if _is_metric_line(ln):
             hits += 1
-            if hits >= 3:
+            if hits >= need:
                 return True
     return False
 
@@ -1174,6 +1177,9 @@ class MetricsProbe(Probe):
         "metrics.grad_norm": "map: grad-norm summary: series, rows, median, p90, max, max_step, nonfinite, "
                              "first_nonfinite_step, explosion, explosion_step, explosion_ratio, leads_loss_by, context, detail",
         "metrics.grad_norm.explosion": "bool: >= 10x its trailing median for >= 2 points (or followed by NaN/divergence), or 100x growth",
+        "metrics.grad_norm.nonfinite": "int: logged grad norms that are NaN or Inf",
+        "metrics.grad_norm.nonfinite_tail": "int: consecutive NaN/Inf grad norms at the end of the series (0: the last one is finite)",
+        "metrics.grad_norm.nonfinite_tail_step": "int: first step of that non-finite tail, -1 when none",
         "metrics.grad_norm.explosion_step": "int: first explosion step, -1 when none",
         "metrics.grad_norm.leads_loss_by": "int: steps from the explosion to the first loss NaN/divergence/unrecovered spike, -1 when none follows",
         "metrics.grad_norm.detail": "string: one readable line",
@@ -1427,6 +1433,9 @@ def summarize(series: list[Any], params: Any) -> dict[str, Any]:
                            f"({_fmt(g.get('explosion_ratio'))}x its trailing median {_fmt(g.get('median'))}; max "
                            f"{_fmt(g.get('max'))}){lead}")
             ev("grad_explosion", g["explosion_step"], g.get("max"), None, r, g["detail"], 1)
+        elif g.get("nonfinite_tail"):
+            g["detail"] = (f"grad norm NaN/Inf on the last {g['nonfinite_tail']} logged step(s) of {r['name']}, from "
+                           f"{_at(r, g['nonfinite_tail_step'])}, while the loss stayed finite")
         else:
             g["detail"] = f"grad norm median {_fmt(g.get('median'))}, p90 {_fmt(g.get('p90'))}, max {_fmt(g.get('max'))} in {r['name']}"
         g["series"] = r["name"]

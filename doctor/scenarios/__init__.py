@@ -301,6 +301,10 @@ def job_command(
     env.update(dict(sc.env))
     if extra_env:
         env.update(extra_env)
+    if env.get("MLDOCTOR_SCRATCH_DIR") and "TORCHINDUCTOR_CACHE_DIR" not in (extra_env or {}):
+        # A job killed while Inductor writes a compiled module can leave a truncated .so in the
+        # shared cache that crashes the next run ("file too short"): each run gets its own.
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(env["MLDOCTOR_SCRATCH_DIR"], "inductor-cache")
     return argv, env
 
 

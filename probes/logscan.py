@@ -228,6 +228,12 @@ def library() -> Library:
 # torchrun --tee: "[default0]:"; torch's excepthook / TORCH_LOGS: "[rank0]:" (scripts: "[rank0] "); OpenMPI
 # --tag-output: "[1,3]<stdout>:"; prefixes nest ("[default1]:[rank1]:V1202 ...").
 _PREFIX = re.compile(r"\[(?:rank(?P<rank>\d+)\]:?|default(?P<local>\d+)\]:|\d+,(?P<mpi>\d+)\]<std(?:out|err)>:)\s?")
+# What a container runtime or its log collector puts before each line the job wrote: the CRI
+# format of Kubernetes node logs ("2026-12-02T13:31:20.123456789Z stderr F "), docker/kubectl
+# --timestamps ("2026-12-02T13:31:20.123456789Z "), kubectl logs --prefix ("[pod/trainer-0/main] ").
+# Removed before anything else so the job's own prefixes and messages read as written.
+_RUNTIME_PREFIX = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) "
+                             r"(?:(?:stdout|stderr) [FP] )?|\[pod/[^\]\s]+\] ")
 _NCCL = re.compile(r"^(?:\[\d{4}-\d\d-\d\d [\d:.]+\] )?(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL (?P<level>INFO|WARN|TRACE|ABORT|ERROR)\b")
 _SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?) (?P<host>[\w.-]+) kernel:")
 _IN_MSG_RANK = re.compile(r"\[(?:PG ID \d+ PG GUID [^\]]*? )?Rank (?P<rank>\d+)\]")
@@ -337,6 +343,7 @@ class Scan:
     waits: list[dict[str, Any]] = field(default_factory=list)  # every collective timeout seen
     _tb: dict[Any, _Traceback] = field(default_factory=dict)
     _prev: tuple[Any, ...] | None = None  # the last line: body, lineno, rank, host, pid, hits, failed sigs
+    _stamp: str = ""  # the container runtime's timestamp of the current line, if any
     _fb: _FailureBlock = field(default_factory=_FailureBlock)
 
     def to_json(self) -> dict[str, Any]:
@@ -426,6 +433,12 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
 def _strip_prefixes(line: str) -> tuple[str, int | None]:
     """Remove nested launcher prefixes; the innermost rank-like prefix wins."""
     rank = None
+    if line[:1].isdigit() or line.startswith("[pod/"):
+        while True:
+            m = _RUNTIME_PREFIX.match(line)
+            if not m:
+                break
+            line = line[m.end():]
     while line.startswith("["):
         m = _PREFIX.match(line)
         if not m:
@@ -440,6 +453,8 @@ def _strip_prefixes(line: str) -> tuple[str, int | None]:
 
 
 def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
+    stamp = _RUNTIME_PREFIX.match(line) if line[:1].isdigit() else None
+    scan._stamp = (stamp.group("ts") or "") if stamp else ""
     body, prefix_rank = _strip_prefixes(line)
     host = None
     pid = None
@@ -551,6 +566,8 @@ def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
     if scan.sig_counts[sig.id] > EVENTS_PER_SIG:
         return
     when, ts = parse_time(body, scan.year)
+    if not when and scan._stamp:  # the collector's timestamp, when the line has none of its own
+        when, ts = parse_time(scan._stamp, scan.year)
     scan.events.append({
         "sig": sig.id, "kind": sig.kind, "role": sig.role, "severity": sig.severity,
         "priority": sig.priority, "rank": rank, "host": host or "", "file": scan.path,

@@ -324,6 +324,27 @@ def test_diagnose_names_the_right_cause_first(rel, cause, ranks):
     assert top["evidence"], top
 
 
+@pytest.mark.parametrize("rel", ["logs/worker_kill", "logs/shm_small", "logs/timeout_silent",
+                                 "logs/nccl_bad_ifname", "logs/host_oom"])
+@pytest.mark.parametrize("style", ["cri", "docker", "kubectl-prefix"])
+def test_container_runtime_prefixes_do_not_change_the_diagnosis(rel, style, tmp_path):
+    """The same real logs as Kubernetes node logs (CRI), `docker logs --timestamps` and
+    `kubectl logs --prefix` write them: every line gets the runtime's prefix."""
+    def first(path: Path) -> list:
+        report = json.loads(CliRunner().invoke(app, ["diagnose", "--from", str(path), "--json"]).stdout)
+        return [(f["cause"], f["ranks"]) for f in report["findings"]][:2]
+
+    pre = {"cri": "2026-12-02T13:31:{:02d}.123456789Z stderr F ", "docker": "2026-12-02T13:31:{:02d}.123456789Z ",
+           "kubectl-prefix": "[pod/trainer-0/main] "}[style]
+    out = tmp_path / rel.split("/")[1]
+    out.mkdir()
+    for src in (FIXTURES / rel).iterdir():
+        if src.suffix in (".log", ".txt"):
+            lines = src.read_text(errors="replace").splitlines()
+            (out / src.name).write_text("".join(pre.format(i % 60) + ln + "\n" for i, ln in enumerate(lines)))
+    assert first(out) == first(FIXTURES / rel)
+
+
 def test_diagnose_cli_process_on_a_healthy_nccl_log():
     report = diagnose_json(LOGS / "nccl_healthy")
     assert report["findings"] == [] and report["verdict"]["state"] == "healthy"

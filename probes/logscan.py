@@ -344,6 +344,7 @@ class Scan:
     _tb: dict[Any, _Traceback] = field(default_factory=dict)
     _prev: tuple[Any, ...] | None = None  # the last line: body, lineno, rank, host, pid, hits, failed sigs
     _stamp: str = ""  # the container runtime's timestamp of the current line, if any
+    _labels: bool = False  # lines carry srun --label task numbers
     _fb: _FailureBlock = field(default_factory=_FailureBlock)
 
     def to_json(self) -> dict[str, Any]:
@@ -409,6 +410,7 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
         except OSError:
             year = time.gmtime().tm_year
     scan = Scan(rel, rank_hint, host_hint, year)
+    scan._labels = _srun_labelled(path)
     lineno = 0
     for raw, cut in iter_lines(path):
         lineno += 1
@@ -428,6 +430,22 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
     for key in list(scan._tb):
         _end_traceback(scan, key, None, lineno)
     return scan
+
+
+# srun --label puts the task number before every line ("3: RuntimeError: ..."); with one task
+# per rank, as torch jobs under srun run, it is the rank. Only taken when most of a file's first
+# lines carry it, since "12: " can also start an ordinary line.
+_SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
+
+
+def _srun_labelled(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(65536).decode("utf-8", errors="replace").splitlines()[:200]
+    except OSError:
+        return False
+    lines = [ln for ln in head if ln.strip()]
+    return len(lines) >= 3 and sum(bool(_SRUN_LABEL.match(ln)) for ln in lines) >= 0.8 * len(lines)
 
 
 def _strip_prefixes(line: str) -> tuple[str, int | None]:
@@ -455,7 +473,12 @@ def _strip_prefixes(line: str) -> tuple[str, int | None]:
 def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
     stamp = _RUNTIME_PREFIX.match(line) if line[:1].isdigit() else None
     scan._stamp = (stamp.group("ts") or "") if stamp else ""
+    label = _SRUN_LABEL.match(line) if scan._labels else None
+    if label:
+        line = line[label.end():]
     body, prefix_rank = _strip_prefixes(line)
+    if label and prefix_rank is None:
+        prefix_rank = int(label.group("task"))
     host = None
     pid = None
     if " NCCL " in body:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -342,6 +343,25 @@ def test_container_runtime_prefixes_do_not_change_the_diagnosis(rel, style, tmp_
         if src.suffix in (".log", ".txt"):
             lines = src.read_text(errors="replace").splitlines()
             (out / src.name).write_text("".join(pre.format(i % 60) + ln + "\n" for i, ln in enumerate(lines)))
+    assert first(out) == first(FIXTURES / rel)
+
+
+@pytest.mark.parametrize("rel", ["logs/worker_kill", "logs/shm_small", "logs/timeout_silent", "logs/size_mismatch"])
+def test_srun_label_prefixes_give_ranks(rel, tmp_path):
+    """`srun --label` output: each rank's lines start with its task number ("1: ..."). The real
+    torchrun logs are rewritten that way (their "[defaultN]:" tee prefix becomes "N: ", launcher
+    lines get task 0's label) and must diagnose the same, ranks included."""
+    def first(path: Path) -> list:
+        report = json.loads(CliRunner().invoke(app, ["diagnose", "--from", str(path), "--json"]).stdout)
+        return [(f["cause"], f["ranks"]) for f in report["findings"]][:2]
+
+    out = tmp_path / "job"
+    out.mkdir()
+    lines = []
+    for ln in (FIXTURES / rel / "torchrun.log").read_text(errors="replace").splitlines():
+        m = re.match(r"\[default(\d+)\]:(.*)", ln)
+        lines.append(f"{m.group(1)}: {m.group(2)}" if m else f"0: {ln}")
+    (out / "slurm-4242.out").write_text("\n".join(lines) + "\n")
     assert first(out) == first(FIXTURES / rel)
 
 

@@ -310,6 +310,8 @@ CASES = [
     ("evidence/rank_exit", "rank_process_dead", [2]),
     ("logs/timeout_silent", "rank_outside_collective", [0]),
     ("logs/anomaly_nan", "loss_nan", []),
+    ("logs/cuda_assert", "cuda_kernel_fault", [1]),
+    ("logs/cuda_illegal", "cuda_kernel_fault", [1]),
 ]
 
 

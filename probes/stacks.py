@@ -1,5 +1,7 @@
 """Thread stacks of every rank: py-spy dumps (text, ``--json``, ``--native``, ``--locals``,
-``--subprocesses``), Python faulthandler dumps and gdb ``thread apply all bt`` output.
+``--subprocesses``), Python faulthandler dumps and gdb ``thread apply all bt`` output, and the
+looser shapes pasted into issue threads: a bare gdb ``bt`` of one thread, gdb ``py-bt``, py-spy
+text without thread ids, traceback-style stacks (``traceback.format_stack``) and IDE call stacks.
 
 Where each rank's main thread waits is the most direct evidence of a hang: peers in a collective,
 the odd rank in its DataLoader, a checkpoint write, a lock. ``build`` classifies every thread
@@ -64,7 +66,7 @@ class ProcDump:
     pid: int | None
     rank: int | None
     role: str  # rank | worker (DataLoader) | child (other child of a rank) | launcher | helper
-    fmt: str  # pyspy_text | pyspy_json | faulthandler | gdb
+    fmt: str  # pyspy_text | pyspy_json | faulthandler | gdb | gdb_pybt | traceback | ide
     native: bool
     snapshot: int
     main: ThreadSum | None
@@ -98,7 +100,9 @@ _PREFIX_LOCAL = re.compile(r"^[A-Za-z_][\w.-]*?(\d{1,6})$")
 _PS_PROCESS = re.compile(r"^Process (\d+): ?(.*)$")
 _PS_PYTHON = re.compile(r"^Python v(\S+)")
 _PS_PARENT = re.compile(r"^Parent Process (\d+):")
-_PS_THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \((idle|active\+gil|active|gil|idle\+gil)\)(?:: \"(.*)\")?\s*$")
+#: the thread id is optional: dumps pasted into issue threads often come without it
+#: (``Thread (idle): "MainThread"``)
+_PS_THREAD = re.compile(r"^Thread (?:(0x[0-9A-Fa-f]+|\d+) )?\((idle|active\+gil|active|gil|idle\+gil)\)(?:: \"(.*)\")?\s*$")
 
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\]| \"([^\"]*)\")? \(most recent call first\):\s*$")
 _FH_STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
@@ -120,10 +124,49 @@ _JSON_START = re.compile(r"^\s*(\[\s*[\{\]]|\{)")
 #: ``pyspy-worker0-of-rank3.txt``, ``pyspy-worker4242-of-rank3-snap0.json``: a rank's child process
 _WORKER_NAME = re.compile(r"worker\d*[-_]of[-_]", re.I)
 
-_SNIFF_PYSPY = re.compile(r"(?m)^(?:\[[^\]\n]{1,40}\]:[ \t]?)?Thread (?:0x[0-9A-Fa-f]+|\d+) \((?:idle|active|active\+gil|gil|idle\+gil)\)")
+_SNIFF_PYSPY = re.compile(r"(?m)^(?:\[[^\]\n]{1,40}\]:[ \t]?)?Thread (?:(?:0x[0-9A-Fa-f]+|\d+) )?\((?:idle|active|active\+gil|gil|idle\+gil)\)")
 _SNIFF_PYSPY_FRAME = re.compile(r"(?m)^(?:\[[^\]\n]{1,40}\]:[ \t]?)? {4}\S.* \([^()\n]+\)$")
 _SNIFF_FH = re.compile(r"(?m)^(?:\[[^\]\n]{1,40}\]:[ \t]?)?(?:(?:Current thread|Thread) 0x[0-9a-fA-F]+.*|Stack) \(most recent call first\):")
 _SNIFF_GDB = re.compile(r"(?m)^Thread \d+ \((?:Thread 0x[0-9a-fA-F]+ )?\(?LWP \d+")
+#: a bare ``(gdb) bt`` of one thread: frame #0 without any ``Thread N (...)`` header
+_SNIFF_GDB_BARE = re.compile(r"(?m)^#0 +(?:0x[0-9a-fA-F]+ in )?[A-Za-z_~?.<][^\n]*\(")
+#: a long frame wrapped by an interactive gdb continues on lines indented by 3-4 spaces
+#: (``   from /lib/...``, ``    func=0x...) at file.c:70``); ``bt full`` locals are indented by 8
+_GDB_CONT = re.compile(r"^ {1,7}(?! )[^#\s]")
+_GDB_PROMPT = re.compile(r"^\(gdb\)")
+
+# Python frames printed traceback-style: gdb's ``py-bt`` (innermost first), ``traceback.print_stack``
+# / ``format_stack`` of ``sys._current_frames()`` (outermost first), the ``File: "..."`` of a
+# popular all-threads recipe. faulthandler's ``line N in f`` (no comma) is _FH_FRAME.
+_TB_FRAME = re.compile(r'^[ \t]*File:? "(?P<file>[^"\n]+)", line (?P<line>\d+), in (?P<func>\S.*?)\s*$')
+_TB_HEAD = re.compile(r"^(?:Traceback|Stack) \(most recent call (?P<order>first|last)\):\s*$")
+_TB_EXC = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z_]\w*(?::\s?.*)?$")  # as probes/logscan.py
+_TB_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+#: recipe headers: ``# Thread: MainThread(1407...)``, ``# ThreadID: 1407...``
+_TB_THREAD = re.compile(r"^#\s*Thread(?:ID)?\s*:\s*(?P<rest>.*?)\s*$", re.I)
+_TB_THREAD_NAMED = re.compile(r"^(?P<name>.*?)\s*\((?P<tid>\d+)\)$")
+#: gdb py-bt's lines for C calls between Python frames (libpython.py PyCFunctionObjectPtr)
+_PYBT_BUILTIN = re.compile(r"^<built-in (?:method (?P<meth>\S+) of (?P<type>\S+) object at remote 0x[0-9a-fA-F]+"
+                           r"|function (?P<func>\S+))>$")
+_PYBT_NOISE = ("(unable to read python frame information)", "(frame information optimized out)",
+               "Unable to read information on python frame", "Unable to locate python frame",
+               "PyCFunction invocation", "<wrapper_call invocation")
+#: the C functions behind the few built-ins whose waiting matters (so the native tables apply)
+_BUILTIN_C = {("acquire", "_thread.lock"): "lock_PyThread_acquire_lock", ("acquire", "thread.lock"): "lock_PyThread_acquire_lock",
+              ("acquire", "_thread.RLock"): "rlock_acquire"}
+#: the outermost frames of a Python thread: where they stand tells the printing order
+_ENTRY_FUNCS = frozenset({"<module>", "_bootstrap", "__bootstrap", "_bootstrap_inner", "__bootstrap_inner",
+                          "_run_module_as_main", "_run_code"})
+#: py-spy-like short paths: what follows site-packages/ or the stdlib directory
+_PY_PREFIX = re.compile(r"^.*/(?:site-packages|dist-packages)/|^.*/python\d(?:\.\d+)?[a-z]?/")
+_SNIFF_TB = re.compile(r'(?m)^[ \t]*File:? "[^"\n]+", line \d+, in \S')
+
+# An IDE's call-stack copy (VS Code / CLion / Visual Studio): ``lib.so!func(args) (file:line)``,
+# ``python311.dll!take_gil(...) Line 285 C``, WinDbg ``ntdll!NtWaitForSingleObject+0x14``.
+_IDE_FRAME = re.compile(r"^\s*>?\s*(?P<mod>[A-Za-z_][\w.+-]*)!(?P<func>[^\s!(][^!]*?)"
+                        r"(?:\s+\((?P<file>[^()]*?):(?P<line>\d+)\)|\s+Line (?P<vsline>\d+)(?:\s.*)?)?\s*$")
+_IDE_BINARY = re.compile(r"(?:\.so(?:\.\d+)*|\.dll|\.dylib|\.exe|\.pyd)$|^(?:lib|python)", re.I)
+_IDE_OTHER = re.compile(r"^\s*\[(?:External Code|Unknown/Just-In-Time compiled code|Frames below may be incorrect[^\]]*)\]\s*$")
 
 
 def _is_native_file(file: str) -> bool:
@@ -240,7 +283,7 @@ def _parse_pyspy_text(lines: list[str], notes: list[str]) -> list[_RawProc]:
                 cur = _RawProc(None, "pyspy_text")
                 procs.append(cur)
             status = m.group(2)
-            thread = _RawThread(m.group(1), m.group(3) or "", active=status.startswith("active"),
+            thread = _RawThread(m.group(1) or "", m.group(3) or "", active=status.startswith("active"),
                                 gil="gil" in status)
             cur.threads.append(thread)
             continue
@@ -312,30 +355,120 @@ def _parse_faulthandler(lines: list[str], notes: list[str]) -> list[_RawProc]:
     return [p for p in procs if p.threads]
 
 
+def _strip_call_args(text: str) -> str:
+    """``func (a=1, f=0x.. <x()>)`` -> ``func``: drop the argument list gdb prints after a frame's
+    function, matching its parentheses (arguments hold ``()`` of their own, C++ names too)."""
+    if not text.endswith(")"):
+        return text
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        c = text[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            depth -= 1
+            if depth == 0:
+                return text[:i].rstrip() if i > 0 and text[i - 1] == " " else text
+    cut = text.rfind(" (")  # unbalanced (a string argument with a parenthesis): the old way
+    return text[:cut] if cut > 0 else text
+
+
+def _gdb_frame(rest: str) -> tuple[str, str, int, bool]:
+    """One gdb frame's text after ``#N  [0x.. in ]``: function, file (or library), line."""
+    loc = _GDB_LOC.search(rest)
+    if loc:
+        path, line = loc.group(1), int(loc.group(2) or 0)
+        file = path.rsplit("/", 1)[-1] if not line else path.removeprefix("./").removeprefix("../")
+        rest = rest[:loc.start()]
+    else:
+        file, line = "??", 0
+    name = _strip_call_args(rest.strip())
+    return (_clean_native(name) or "??", file, line, True)
+
+
+def _join_gdb_lines(lines: list[str]) -> list[str]:
+    """Join the continuation lines of frames an interactive gdb wrapped at the terminal width
+    (pasted ``bt`` output) to their frame line; ``bt full`` locals (8 spaces) stay apart."""
+    out: list[str] = []
+    open_frame = False
+    for ln in lines:
+        if open_frame and _GDB_CONT.match(ln) and not _TB_FRAME.match(ln):
+            out[-1] = out[-1].rstrip() + " " + ln.strip()
+            continue
+        open_frame = bool(_GDB_FRAME.match(ln))
+        out.append(ln)
+    return out
+
+
+def _pybt_entry(ln: str) -> tuple[str, str, int, bool] | str | None:
+    """A line of gdb's ``py-bt`` (or of a traceback): a frame, a marker frame, ``"skip"`` for
+    lines that belong to the dump but say nothing, or None."""
+    m = _TB_FRAME.match(ln)
+    if m:
+        return (sys.intern(m.group("func")), sys.intern(_short_py_path(m.group("file"))), int(m.group("line")), False)
+    s = ln.strip()
+    if s == "Waiting for the GIL":
+        # libpython.py prints this for a ``take_gil`` frame (Python 3.9+; before, for any
+        # PyThread_acquire_lock (2.7) or pthread_cond_timedwait (3.x) frame): keep it as that
+        # native frame so the GIL pattern of doctor.stackstate applies
+        return ("take_gil", "Waiting for the GIL", 0, True)
+    if s == "Garbage-collecting":
+        return ("Garbage-collecting", "<gc>", 0, False)  # as faulthandler prints it
+    m = _PYBT_BUILTIN.match(s)
+    if m:
+        meth, typ = m.group("meth"), m.group("type")
+        name = _BUILTIN_C.get((meth, typ)) if meth else None
+        return (sys.intern(name or meth or m.group("func")), "<built-in>", 0, True)
+    if s.startswith(_PYBT_NOISE):
+        return "skip"
+    return None
+
+
+def _short_py_path(path: str) -> str:
+    """``/opt/lib/python3.9/site-packages/torch/x.py`` -> ``torch/x.py``, the stdlib's
+    ``/usr/lib/python2.7/threading.py`` -> ``threading.py``: the short names py-spy prints, so
+    the same frame reads the same whatever tool dumped it; other paths stay whole."""
+    return _PY_PREFIX.sub("", path) if path.startswith("/") else path
+
+
 def _parse_gdb(lines: list[str], notes: list[str]) -> list[_RawProc]:
+    """``thread apply all bt`` (and ``py-bt``) with ``Thread N (...)`` headers, or a bare ``bt``
+    of one thread without any header (pasted from an interactive session)."""
     procs: list[_RawProc] = []
     cur: _RawProc | None = None
     thread: _RawThread | None = None
     nums: set[int] = set()
-    for ln in lines:
+    bare: _RawProc | None = None  # the process a headerless ``bt`` started
+    for ln in _join_gdb_lines(lines):
         m = _GDB_FRAME.match(ln)
-        if m and thread is not None:
-            rest = m.group(3)
-            loc = _GDB_LOC.search(rest)
-            if loc:
-                path, line = loc.group(1), int(loc.group(2) or 0)
-                file = path.rsplit("/", 1)[-1] if not line else path.removeprefix("./").removeprefix("../")
-                rest = rest[:loc.start()]
-            else:
-                file, line = "??", 0
-            name = rest.strip()
-            if name.endswith(")") and " (" in name:
-                name = name[:name.rfind(" (")]
-            thread.frames.append((_clean_native(name) or "??", file, line, True))
+        if m:
+            if thread is None or (cur is bare and m.group(1) == "0" and thread.frames):
+                if cur is None or cur is not bare:
+                    cur = bare = _RawProc(None, "gdb")
+                    procs.append(cur)
+                if m.group(1) != "0" and cur.threads:
+                    thread = cur.threads[-1]  # the same bt, after a blank line
+                else:  # a new ``bt`` (of another thread: ``thread 3`` then ``bt``)
+                    thread = _RawThread("", "", current=not cur.threads)
+                    cur.threads.append(thread)
+            thread.frames.append(_gdb_frame(m.group(3)))
             continue
+        if thread is not None:
+            entry = _pybt_entry(ln)
+            if entry is not None:  # ``thread apply all py-bt``: Python frames, innermost first
+                if isinstance(entry, tuple):
+                    thread.frames.append(entry)
+                    if cur is not None:
+                        cur.fmt = "gdb_pybt"
+                continue
         m = _GDB_THREAD.match(ln)
         if m:
             num = int(m.group(1))
+            if cur is not None and cur is bare:
+                # a bare ``bt`` before ``thread apply all bt``: the full dump holds that thread too
+                if procs and procs[-1] is bare:
+                    procs.pop()
+                cur = bare = None
             if cur is None or num in nums:  # thread numbers repeat: the next process's dump
                 cur = _RawProc(None, "gdb")
                 procs.append(cur)
@@ -358,6 +491,145 @@ def _parse_gdb(lines: list[str], notes: list[str]) -> list[_RawProc]:
     return procs
 
 
+def tb_is_exception(lines: list[str]) -> bool:
+    """Do these traceback-style lines end in a raised exception (``SomeError: message`` after the
+    frames, or a chained-exception line)? Then they are a log's crash report, which the log
+    reader owns, not a dump of where threads wait."""
+    after_frame = False
+    for ln in lines[:4000]:
+        if not ln.strip():
+            continue
+        if _TB_FRAME.match(ln):
+            after_frame = True
+            continue
+        if ln[0] in " \t":  # source lines, carets, py-bt markers
+            continue
+        s = ln.strip()
+        if s.startswith(_TB_CHAINED):
+            return True
+        if after_frame and _TB_EXC.match(s) and not _TB_THREAD.match(s):
+            return True
+        after_frame = False
+    return False
+
+
+@dataclass
+class _TbThread:
+    """A thread of a traceback-style dump, entries in printed order until the order is known."""
+
+    raw: _RawThread
+    entries: list[tuple[str, str, int, bool]] = field(default_factory=list)
+    order: str = ""  # inner (innermost first) | outer (outermost first) | "" (not said)
+
+
+def _tb_order(t: _TbThread) -> str:
+    """The printing order a thread's own lines show: a header says it; py-bt's markers (GIL, C
+    calls) only come innermost first; else where the entry frames (``<module>``, threading's
+    ``_bootstrap``) stand."""
+    if t.order:
+        return t.order
+    py = [e for e in t.entries if not e[3] and e[1] != "<gc>"]
+    if not py:
+        return ""
+    first, last = py[0][0].rsplit(".", 1)[-1], py[-1][0].rsplit(".", 1)[-1]
+    if first in _ENTRY_FUNCS and last not in _ENTRY_FUNCS:
+        return "outer"
+    if last in _ENTRY_FUNCS and first not in _ENTRY_FUNCS:
+        return "inner"
+    return ""
+
+
+def _parse_pytb(lines: list[str], notes: list[str]) -> list[_RawProc]:
+    """Header-less Python stacks: gdb ``py-bt`` (innermost first) and tracebacks printed by
+    ``traceback.print_stack``/``format_stack`` (outermost first), one thread or several (recipe
+    headers ``# Thread: name(id)``, or ``Traceback (...)`` lines, start a thread). The order is
+    decided per thread (see _tb_order), then for the file; Python prints outermost first."""
+    threads: list[_TbThread] = []
+    cur: _TbThread | None = None
+    pybt = False
+
+    def start(tid: str = "", name: str = "") -> _TbThread:
+        t = _TbThread(_RawThread(tid, name))
+        threads.append(t)
+        return t
+
+    after_frame = False
+    for ln in lines:
+        if not ln.strip():
+            continue
+        entry = _pybt_entry(ln)
+        if entry is not None:
+            after_frame = isinstance(entry, tuple) and not entry[3] and entry[1] != "<gc>"
+            if isinstance(entry, tuple):
+                if cur is None:
+                    cur = start()
+                cur.entries.append(entry)
+                if entry[3] or entry[1] == "<gc>":  # only py-bt prints these markers
+                    cur.order, pybt = "inner", True
+            continue
+        was_frame, after_frame = after_frame, False
+        if was_frame and not _TB_HEAD.match(ln.strip()) and not _TB_THREAD.match(ln.strip()):
+            continue  # the frame's source line (pastes often lose its indentation)
+        s = ln.strip()
+        m = _TB_HEAD.match(s)
+        if m:
+            if cur is None or cur.entries:
+                cur = start()
+            cur.order = "inner" if m.group("order") == "first" else "outer"
+            pybt = pybt or cur.order == "inner"
+            continue
+        m = _TB_THREAD.match(s)
+        if m:
+            rest = m.group("rest")
+            named = _TB_THREAD_NAMED.match(rest)
+            if named:
+                cur = start(named.group("tid"), named.group("name"))
+            else:
+                cur = start(rest if rest.isdigit() else "", "" if rest.isdigit() else rest)
+            continue
+        if ln[0] in " \t":
+            continue  # a frame's source line
+        if cur is not None and cur.entries:
+            cur = None  # other text ends the thread (the next frames start another)
+    orders = Counter(o for o in (_tb_order(t) for t in threads) if o)
+    default = orders.most_common(1)[0][0] if orders else "outer"
+    proc = _RawProc(None, "gdb_pybt" if pybt else "traceback")
+    for t in threads:
+        if not t.entries:
+            continue
+        order = _tb_order(t) or default
+        t.raw.frames = t.entries if order == "inner" else t.entries[::-1]
+        proc.threads.append(t.raw)
+    return [proc] if proc.threads else []
+
+
+def _parse_ide(lines: list[str], notes: list[str]) -> list[_RawProc]:
+    """An IDE's call-stack copy, innermost first, one thread: native frames ``module!function``
+    with the source location when the IDE had it."""
+    t = _RawThread("", "")
+    for ln in lines:
+        m = _IDE_FRAME.match(ln)
+        if not m:
+            continue
+        func = re.sub(r"\+0x[0-9a-fA-F]+$", "", m.group("func").strip())  # WinDbg offsets
+        if m.group("file"):
+            file, line = m.group("file").removeprefix("./"), int(m.group("line"))
+        else:
+            file, line = m.group("mod"), int(m.group("vsline") or 0)
+        t.frames.append((_clean_native(func) or "??", sys.intern(file), line, True))
+    return [_RawProc(None, "ide", threads=[t])] if t.frames else []
+
+
+def _ide_frames(lines: list[str]) -> int:
+    """IDE frame lines whose module is recognisably a binary (``.so``, ``.dll``, ``lib*``)."""
+    n = 0
+    for ln in lines:
+        if "!" in ln:
+            m = _IDE_FRAME.match(ln)
+            n += bool(m and _IDE_BINARY.search(m.group("mod")))
+    return n
+
+
 def parse_text(text: str) -> tuple[list[_RawProc], list[str]]:
     """Every process dump in a text file, whatever the format; prefixed streams demultiplexed.
 
@@ -377,8 +649,12 @@ def parse_text(text: str) -> tuple[list[_RawProc], list[str]]:
             procs = _parse_pyspy_text(stream, notes)
         elif _SNIFF_FH.search(joined_head):
             procs = _parse_faulthandler(stream, notes)
-        elif _SNIFF_GDB.search(joined_head):
+        elif _SNIFF_GDB.search(joined_head) or _SNIFF_GDB_BARE.search(joined_head):
             procs = _parse_gdb(stream, notes)
+        elif _SNIFF_TB.search(joined_head) and not tb_is_exception(stream):
+            procs = _parse_pytb(stream, notes)
+        elif _ide_frames(stream[:400]) >= 2:
+            procs = _parse_ide(stream, notes)
         else:
             procs = []
         for p in procs:
@@ -602,7 +878,7 @@ class StacksProbe(Probe):
         "stacks.n_ranks": "int: ranks with a main-thread stack (latest snapshot)",
         "stacks.n_members": "int: processes analysed as ranks, including dumps whose rank is unknown",
         "stacks.n_unranked": "int: rank processes whose rank could not be told (no prefix, RANK= line, manifest or file name)",
-        "stacks.formats": "list<string>: dump formats read: pyspy_text, pyspy_json, faulthandler, gdb",
+        "stacks.formats": "list<string>: dump formats read: pyspy_text, pyspy_json, faulthandler, gdb (thread apply all bt, or a bare bt), gdb_pybt (gdb py-bt), traceback (traceback-style Python stacks: format_stack/print_stack), ide (an IDE's call-stack copy)",
         "stacks.native": "bool: some dump has native (C/C++) frames (py-spy --native, gdb)",
         "stacks.snapshots": "int: distinct snapshots (a file named *snap<k>*, or repeated dumps of one process in a file)",
         "stacks.states": "list<string>: every thread state the classifier knows (see doctor/stackstate.py STATES)",
@@ -672,12 +948,15 @@ class StacksProbe(Probe):
             return ('"frames"' in head and ('"owns_gil"' in head or '"os_thread_id"' in head)) \
                 or '"mldoctor_stack_error"' in head[:4096]
         pyspy = bool(_SNIFF_PYSPY.search(text) and (_SNIFF_PYSPY_FRAME.search(text) or "Process " in text[:4096]))
-        if pyspy or _SNIFF_FH.search(text) or _SNIFF_GDB.search(text):
-            # a log with a dump inside belongs to the log reader unless the dump is most of it
-            # (seen: a console log of a GPU test run with one py-spy dump among its lines)
-            lines = [ln for ln in text.splitlines()[:2000] if ln.strip()]
-            dumpish = sum(1 for ln in lines if _dump_line(ln))
-            return bool(lines) and dumpish >= 0.5 * len(lines)
+        if pyspy or _SNIFF_FH.search(text) or _SNIFF_GDB.search(text) or _SNIFF_GDB_BARE.search(text):
+            return _mostly_dump(text.splitlines()[:2000])
+        # looser shapes pasted into issue threads: traceback-style Python stacks (py-bt,
+        # format_stack) and IDE call stacks; an exception traceback is a log's crash report
+        lines = text.splitlines()[:2000]
+        if len(_SNIFF_TB.findall(text)) >= 2 and not tb_is_exception(lines):
+            return _mostly_dump(lines)
+        if _ide_frames(lines) >= 2:
+            return _mostly_dump(lines)
         return False
 
     # -- parse --------------------------------------------------------------------------------
@@ -695,7 +974,7 @@ class StacksProbe(Probe):
         else:
             procs, notes = parse_text(text)
         if not procs and not errors:
-            raise EvidenceError(rel, "no thread stacks found (expected py-spy, faulthandler or gdb output)")
+            raise EvidenceError(rel, "no thread stacks found (expected py-spy, faulthandler, gdb or traceback-style output)")
         dumps = [_to_dump(p, snapshot, rel) for p in procs]
         if _WORKER_NAME.search(rel.rsplit("/", 1)[-1]):
             # a file of a rank's child process: never the rank itself, even when its stack does
@@ -801,6 +1080,20 @@ class StacksProbe(Probe):
         return {"dumped": ok, "failed": failed, "snapshot": snap, "native": native}
 
 
+def _mostly_dump(lines: list[str]) -> bool:
+    """A log with a dump inside belongs to the log reader unless the dump is most of it (seen: a
+    console log of a GPU test run with one py-spy dump among its lines). Indented lines right
+    after a dump line (a wrapped gdb frame, a traceback frame's source line) count with it;
+    markdown fences around a pasted dump count for nothing."""
+    body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("```")]
+    n = 0
+    prev = False
+    for ln in body:
+        prev = _dump_line(ln) or (prev and ln[0] in " \t")
+        n += prev
+    return bool(body) and n >= 0.5 * len(body)
+
+
 def _dump_line(ln: str) -> bool:
     """Is this line part of a stack dump (py-spy, faulthandler, gdb) rather than other log text?"""
     m = _PREFIX.match(ln)
@@ -811,7 +1104,10 @@ def _dump_line(ln: str) -> bool:
         return True  # py-spy frames, locals and headers
     return bool(_FH_FRAME.match(ln) or _FH_STACK.match(ln) or _FH_NEW_DUMP.match(ln)
                 or _GDB_FRAME.match(ln) or ln.startswith(("[New LWP", "[Thread debugging", "[Inferior ", "Current thread "))
-                or _RANK_LINE.match(ln) or (_FH_OTHER.match(ln) and ln.strip()))
+                or _RANK_LINE.match(ln) or (_FH_OTHER.match(ln) and ln.strip())
+                or _GDB_PROMPT.match(ln) or _TB_FRAME.match(ln) or _TB_HEAD.match(ln.strip())
+                or _TB_THREAD.match(ln.strip()) or _pybt_entry(ln) is not None
+                or ("!" in ln and _IDE_FRAME.match(ln)) or _IDE_OTHER.match(ln))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -881,7 +1177,7 @@ def dump_pid(exe: str, pid: int, *, native: bool = False, timeout: float = 10.0)
 def _score(d: ProcDump) -> tuple[int, int]:
     m = d.main
     specific = m is not None and m.state not in ("python", "unknown", "idle")
-    has_py = d.fmt != "gdb"  # gdb shows only native frames; the others show Python frames
+    has_py = d.fmt not in ("gdb", "ide")  # gdb bt and IDE stacks show only native frames
     return (4 * specific + 2 * has_py + d.native, len(d.others))
 
 

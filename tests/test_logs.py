@@ -259,12 +259,15 @@ def test_streaming_a_2gb_sparse_log_keeps_memory_flat(tmp_path):
         fh.truncate(2 * 2**30)
         fh.seek(0, os.SEEK_END)
         fh.write(b"\n" + tail)
-    code = textwrap.dedent("""
-        import json, resource, sys
+    code = textwrap.dedent(r"""
+        import json, re, sys
         from pathlib import Path
         from doctor import facts
         f, _ = facts.build(facts.items_from_folder(Path(sys.argv[1])), "loose")
-        print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child started by a big
+        # parent (pytest after an in-process torch import) would report the parent's size
+        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+        print(json.dumps({"rss_mb": hwm / 1024,
                           "logs": f.get("logs", {}), "errors": f["evidence"]["errors"]}))
     """)
     try:

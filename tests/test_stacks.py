@@ -21,6 +21,7 @@ import pytest
 from doctor.probes import stacks as S
 
 from doctor import facts as facts_mod
+from doctor import plugins
 from doctor import stackstate as ss
 from doctor.bundle import Bundle
 from doctor.errors import EvidenceError
@@ -315,6 +316,195 @@ def test_every_fact_path_is_documented():
                 for item in value:
                     for sub in item:
                         assert f"stacks.{key}[].{sub}" in schema, f"{key}[].{sub}"
+
+
+# -----------------------------------------------------------------------------------------------
+# shapes pasted into issue threads: bare gdb bt, py-spy without thread ids, gdb py-bt,
+# traceback-style stacks, IDE call stacks (public copies and our own captures)
+
+PUB = ST / "public_formats"
+CAP = ST / "captured_formats"
+
+
+def raw_procs(path: Path) -> list:
+    procs, _ = S.parse_text(needs(path).read_text())
+    return procs
+
+
+def frames_of(thread) -> list[tuple[str, str, int, bool]]:
+    return [tuple(f) for f in thread.frames]
+
+
+def owner(path: Path) -> str:
+    """The kind the diagnosis hands this file to (every registered probe sniffs, by priority)."""
+    p = facts_mod._claim(Sample.read(needs(path)), plugins.probes())
+    return p.name if p is not None else ""
+
+
+@pytest.mark.parametrize("rel", [
+    "public_formats/pytorch-130610-gdb-bt.txt", "public_formats/pytorch-129367-gdb-bt-rank3.txt",
+    "public_formats/ami-140-pyspy-dump.txt", "public_formats/pytorch-97833-gdb-pybt-thread1.txt",
+    "public_formats/pytorch-24927-worker-thread-stack.txt", "public_formats/jorldy-28-ide-stack.txt",
+    "captured_formats/gdb-bt-dataloader-rank1.txt", "captured_formats/gdb-bt-tcpstore-rank0.txt",
+    "captured_formats/pybt-dataloader-rank1.txt", "captured_formats/pybt-gil-py27.txt",
+    "captured_formats/pybt-gil-py311.txt", "captured_formats/pybt-gil-py313.txt",
+    "captured_formats/traceback-dataloader-rank1.txt", "captured_formats/traceback-py27.txt",
+    "captured_formats/traceback-recipe-dataloader-rank1.txt", "captured_formats/pyspy-noid-dataloader-rank1.txt",
+])
+def test_pasted_shapes_are_claimed_by_the_stacks_probe(rel):
+    assert owner(ST / rel) == "stacks"
+
+
+def test_bare_gdb_bt_joins_wrapped_frames():
+    # pytorch#130610: two frames, each wrapped onto an indented line, no Thread header
+    (proc,) = raw_procs(PUB / "pytorch-130610-gdb-bt.txt")
+    (t,) = proc.threads
+    assert frames_of(t) == [("__internal_atexit", "stdlib/cxa_atexit.c", 41, True),
+                            ("__GI___cxa_atexit", "stdlib/cxa_atexit.c", 70, True)]
+    d = parse(PUB / "pytorch-130610-gdb-bt.txt")[0].data
+    assert (d.fmt, d.native, d.main.state, d.main.op) == ("gdb", True, "lock_wait", "atexit_lock")
+    # pytorch#129367: rank from the file name; "   from libtorch_cpu.so" continues frame #3
+    d = parse(PUB / "pytorch-129367-gdb-bt-rank3.txt")[0].data
+    assert (d.rank, d.rank_source, d.main.state, d.main.op) == (3, "file name", "init", "store")
+    assert d.main.anchor == "c10d::TCPStore::doGet (libtorch_cpu.so)"
+    (t,) = raw_procs(PUB / "pytorch-129367-gdb-bt-rank3.txt")[0].threads
+    assert [f[0] for f in t.frames][:2] == ["__libc_recv", "__libc_recv"] and len(t.frames) == 5
+    assert t.frames[3][0].endswith("c10d::tcputil::recvVector<unsigned char>") and t.frames[3][1] == "libtorch_cpu.so"
+
+
+def test_bare_gdb_bt_of_our_own_hung_processes():
+    # rank 0 of a 2-rank gloo init whose rank 1 never came: gdb -p PID -batch -ex bt
+    out = parse(CAP / "gdb-bt-tcpstore-rank0.txt")
+    assert len(out) == 1
+    d = out[0].data
+    assert (d.fmt, d.rank, d.main.state, d.main.op) == ("gdb", 0, "init", "store")
+    assert d.pid is not None and d.main.frames[0].startswith("__GI___clock_nanosleep (")
+    assert d.main.anchor.startswith("c10d::TCPStore::waitForWorkers (")
+    # a DataLoader whose worker never returns: natively the main thread only polls its pipe
+    d = parse(CAP / "gdb-bt-dataloader-rank1.txt")[0].data
+    assert (d.rank, d.main.state, d.main.op) == (1, "ipc_wait", "poll") and not d.others
+
+
+def test_pyspy_text_without_thread_ids():
+    d = parse(PUB / "ami-140-pyspy-dump.txt")[0].data
+    assert (d.fmt, d.main.name, d.main.tid) == ("pyspy_text", "MainThread", "")
+    assert (d.main.state, d.main.op) == ("dataloader_wait", "worker_queue")
+    assert d.main.top == "wait (threading.py:359)"
+    (pin,) = d.others
+    assert pin.name == "Thread-... (_pin_memory_loop)" and pin.state == "ipc_wait"
+    main = raw_procs(PUB / "ami-140-pyspy-dump.txt")[0].threads[0]
+    assert len(main.frames) == 9  # the poster's "..." is no frame
+    d = parse(CAP / "pyspy-noid-dataloader-rank1.txt")[0].data
+    assert (d.rank, d.main.name, d.main.state, d.main.op) == (1, "MainThread", "dataloader_wait", "worker_queue")
+    assert {t.name for t in d.others} == {"watchdog", "QueueFeederThread"}
+
+
+def test_gdb_pybt_innermost_first_and_waiting_for_the_gil():
+    # pytorch#97833: one thread's py-bt, its header line not pasted
+    (t,) = raw_procs(PUB / "pytorch-97833-gdb-pybt-thread1.txt")[0].threads
+    assert t.frames[0] == ("take_gil", "Waiting for the GIL", 0, True)
+    assert t.frames[1] == ("_invoke_rpc_python_udf", "<built-in>", 0, True)
+    assert t.frames[2] == ("_invoke_rpc", "torch/distributed/rpc/api.py", 719, False)
+    assert t.frames[-1] == ("then", "torch/futures/__init__.py", 161, False)
+    d = parse(PUB / "pytorch-97833-gdb-pybt-thread1.txt")[0].data
+    assert (d.fmt, d.main.state, d.main.op) == ("gdb_pybt", "lock_wait", "gil")
+    assert d.main.top == "_invoke_rpc (torch/distributed/rpc/api.py:719)"
+
+
+@pytest.mark.parametrize("name,re_file", [("pybt-gil-py27.txt", "re.py"), ("pybt-gil-py311.txt", "re/__init__.py"),
+                                          ("pybt-gil-py313.txt", "re/__init__.py")])
+def test_gdb_thread_apply_all_pybt_of_three_pythons(name, re_file):
+    """'sleeper' woke while 'hog' holds the GIL in a C regex; the main thread waits on a lock."""
+    d = parse(CAP / name)[0].data
+    assert d.fmt == "gdb_pybt" and d.pid is not None and d.main.tid == str(d.pid)
+    assert d.main.top.startswith("stuck (") and d.main.frames[-1].startswith("<module> (")
+    sleeper = next(t for t in d.others if any(f.startswith("sleeper (") for f in t.frames))
+    hog = next(t for t in d.others if any(f.startswith("hog (") for f in t.frames))
+    assert (sleeper.state, sleeper.op) == ("lock_wait", "gil")
+    assert hog.top.startswith(f"match ({re_file}:")
+    # stdlib paths shortened as py-spy prints them; Python 2.7 names it __bootstrap
+    assert hog.frames[-1] in ("_bootstrap (threading.py)", "__bootstrap (threading.py)")
+
+
+def test_traceback_style_stacks_outermost_first():
+    # pytorch#24927 (Python 2.7 paths): threading's __bootstrap first, so outermost first
+    (t,) = raw_procs(PUB / "pytorch-24927-worker-thread-stack.txt")[0].threads
+    assert t.frames[0] == ("dump", "pickle.py", 224, False)
+    assert t.frames[-1] == ("__bootstrap", "threading.py", 783, False)
+    d = parse(PUB / "pytorch-24927-worker-thread-stack.txt")[0].data
+    assert (d.fmt, d.main.state, d.main.anchor) == ("traceback", "ipc_wait", "_feed (multiprocessing/queues.py:266)")
+    # our own: the DataLoader process wrote its main thread's traceback.format_stack
+    d = parse(CAP / "traceback-dataloader-rank1.txt")[0].data
+    assert (d.fmt, d.rank, d.main.state, d.main.op) == ("traceback", 1, "dataloader_wait", "worker_queue")
+    assert d.main.top.startswith("select (selectors.py:")
+    d = parse(CAP / "traceback-py27.txt")[0].data
+    assert d.main.top.startswith("wait (threading.py:") and d.main.state == "lock_wait"
+    # every thread, as the all-threads recipe prints them ("# Thread: name(id)", 'File: "..."')
+    d = parse(CAP / "traceback-recipe-dataloader-rank1.txt")[0].data
+    assert (d.main.name, d.main.state, d.main.op) == ("MainThread", "dataloader_wait", "worker_queue")
+    assert {t.name: t.state for t in d.others}["QueueFeederThread"] == "lock_wait"
+
+
+def test_traceback_and_pybt_of_one_process_give_the_same_frames():
+    """The same main thread printed outermost first (format_stack) and innermost first (py-bt,
+    under its 'most recent call first' header) reads the same once the order is decided."""
+    tb = raw_procs(CAP / "traceback-dataloader-rank1.txt")[0].threads[0]
+    pybt_proc = raw_procs(CAP / "pybt-dataloader-rank1.txt")[0]
+    main = next(t for t in pybt_proc.threads if t.tid == str(pybt_proc.pid))
+    assert [f[:3] for f in tb.frames] == [f[:3] for f in main.frames]
+    assert tb.frames[0][0] == "select" and tb.frames[-1][0] == "<module>"
+    d = parse(CAP / "pybt-dataloader-rank1.txt")[0].data
+    assert (d.fmt, d.rank, d.main.state) == ("gdb_pybt", 1, "dataloader_wait")
+
+
+def test_ide_call_stack_is_native_frames():
+    (t,) = raw_procs(PUB / "jorldy-28-ide-stack.txt")[0].threads
+    assert [f[0] for f in t.frames] == ["futex_abstimed_wait_cancelable", "do_futex_wait", "__new_sem_wait_slow"]
+    assert t.frames[0][1].endswith("/sysdeps/unix/sysv/linux/futex-internal.h") and t.frames[0][2] == 205
+    d = parse(PUB / "jorldy-28-ide-stack.txt")[0].data
+    assert (d.fmt, d.native, d.main.state, d.main.op) == ("ide", True, "lock_wait", "lock")
+
+
+PY27 = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions" / "2.7.18" / "bin" / "python"
+RAISER = '''
+def load(i):
+    raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Bus error.")
+def step(i):
+    try:
+        load(i)
+    except RuntimeError as exc:
+        raise ValueError("step %d failed" % i) from exc
+step(3)
+'''
+
+
+@pytest.mark.parametrize("exe", [sys.executable, str(PY27)])
+def test_exception_tracebacks_stay_logs(exe, tmp_path):
+    """A real exception's traceback (a crash report) belongs to the log reader, even when the
+    file holds nothing else; Python 2.7 has no chained exceptions, so it raises plainly."""
+    if not Path(exe).exists():
+        pytest.skip("Python 2.7 not installed")
+    src = RAISER if "2.7" not in exe else RAISER.replace(" from exc", "")
+    r = subprocess.run([exe, "-c", src], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback (most recent call last):" in r.stderr
+    f = tmp_path / "stderr.txt"
+    f.write_text(r.stderr)
+    assert S.tb_is_exception(r.stderr.splitlines())
+    assert not PROBE.sniff(Sample.read(f))
+    assert owner(f) == "logs"
+    # and the last traceback's frames alone (its exception line cut) are a stack, outermost first
+    last = r.stderr.split("Traceback (most recent call last):")[-1]
+    frames_only = "\n".join(ln for ln in last.splitlines() if ln.startswith(" ")) + "\n"
+    (t,) = S.parse_text(frames_only)[0][0].threads
+    assert [f[0] for f in t.frames] == ["step", "<module>"] if "2.7" not in exe else ["load", "step", "<module>"]
+
+
+@pytest.mark.parametrize("rel", ["logs/worker_kill/torchrun.log", "logs/gpu_oom/torchrun.log",
+                                 "../../bench/cases/public-pipedream-28-shm/train.log"])
+def test_logs_with_tracebacks_are_not_stack_dumps(rel):
+    f = needs((FIXTURES / rel).resolve())
+    assert not PROBE.sniff(Sample.read(f))
+    assert owner(f) == "logs"
 
 
 # -----------------------------------------------------------------------------------------------

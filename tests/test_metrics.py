@@ -419,3 +419,21 @@ def test_csv_read_in_parallel_ranges_equals_one_range(tmp_path: Path, monkeypatc
     for m in a.cols:
         assert ((a.cols[m] == b.cols[m]) | (np.isnan(a.cols[m]) & np.isnan(b.cols[m]))).all(), m
     assert int(b.step[-1]) == int(text[-1].split(",")[0])
+
+
+@pytest.mark.parametrize("run", ["lr_jump", "spike", "divergence", "stable", "resume"])
+def test_long_csv_values_kept_as_float32_give_the_same_diagnosis(run, tmp_path, monkeypatch):
+    """Past CSV_FLOAT32_ROWS rows loss-like columns are stored as float32 (clocks stay float64);
+    the real runs, read that way, must give the same events at the same steps."""
+    src = next(p for p in sorted((FIX / run).iterdir()) if p.name != "README.md")
+    if src.suffix != ".csv":  # a CSV of the same real run (log, JSONL, TensorBoard): the table writer's own output
+        M.to_table(M.load_series([src])).to_csv(tmp_path / "metrics.csv", index=False)
+        src = tmp_path / "metrics.csv"
+    full = metrics_of(src)
+    monkeypatch.setattr(M, "CSV_FLOAT32_ROWS", 10)
+    series = M.read_csv(src, src.name, Hints())
+    assert all(s.cols["loss"].dtype == np.float32 for s in series if "loss" in s.cols)
+    assert all(s.cols[m].dtype == np.float64 for s in series for m in ("step_time", "data_time") if m in s.cols)
+    compact = metrics_of(src)
+    assert compact["first_nan_step"] == full["first_nan_step"]
+    assert [(e["kind"], e["step"]) for e in compact["events"]] == [(e["kind"], e["step"]) for e in full["events"]]

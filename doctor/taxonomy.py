@@ -5,14 +5,14 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-import yaml
+from doctor.yamlsrc import safe_data
 
 
 @lru_cache(maxsize=1)
 def load() -> dict[str, dict[str, dict[str, str]]]:
     """``{category: {cause_id: {means, look_for}}}`` from the shipped taxonomy.yaml."""
     text = resources.files("doctor").joinpath("taxonomy.yaml").read_text(encoding="utf-8")
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~8x faster
+    return safe_data(text)
 
 
 @lru_cache(maxsize=1)

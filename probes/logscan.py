@@ -28,9 +28,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from doctor.redact import scrub
+from doctor.yamlsrc import safe_data
 
 MAX_LINE = 8192            # bytes of one line looked at; the rest of a longer line is skipped
 EVENTS_PER_SIG = 20        # events kept per signature and file (all hits are still counted)
@@ -155,7 +154,7 @@ class LibraryError(ValueError):
 
 
 def _load_file(name: str, text: str) -> list[Signature]:
-    data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~8x faster
+    data = safe_data(text)  # yaml.safe_load through libyaml when present: ~4x faster
     if not isinstance(data, dict) or not isinstance(data.get("signatures"), list):
         raise LibraryError(f"{name}: expected a mapping with a 'signatures' list")
     out = []

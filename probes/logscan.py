@@ -18,6 +18,7 @@ Besides signatures, three small state machines follow the line stream: Python tr
 from __future__ import annotations
 
 import calendar
+import itertools
 import os
 import re
 import signal as _signal
@@ -409,9 +410,11 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
         except OSError:
             year = time.gmtime().tm_year
     scan = Scan(rel, rank_hint, host_hint, year)
-    scan._labels = _srun_labelled(path)
+    lines = iter_lines(path)
+    head = list(itertools.islice(lines, 200))  # read once: decides srun labels, then is scanned
+    scan._labels = _srun_labelled([raw.decode("utf-8", errors="replace") for raw, _ in head])
     lineno = 0
-    for raw, cut in iter_lines(path):
+    for raw, cut in itertools.chain(head, lines):
         lineno += 1
         scan.lines = lineno
         if cut:
@@ -437,12 +440,7 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
 _SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
 
 
-def _srun_labelled(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536).decode("utf-8", errors="replace").splitlines()[:200]
-    except OSError:
-        return False
+def _srun_labelled(head: list[str]) -> bool:
     lines = [ln for ln in head if ln.strip()]
     return len(lines) >= 3 and sum(bool(_SRUN_LABEL.match(ln)) for ln in lines) >= 0.8 * len(lines)
 

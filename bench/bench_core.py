@@ -73,9 +73,10 @@ def make_rules(dest: Path, count: int) -> dict[str, str]:
 
 
 def bench_rules(ranks: int = 1024, count: int = 200, repeat: int = 5) -> None:
-    from doctor import celexpr, engine
-    from doctor import facts as facts_mod
-    from doctor.rule import evaluate, load_rules
+    from doctor.engine import celexpr
+    from doctor.engine import facts as facts_mod
+    from doctor.engine import ruleset as engine
+    from doctor.engine.rule import evaluate, load_rules
 
     with tempfile.TemporaryDirectory() as tmp:
         ev, rd = Path(tmp) / "ev", Path(tmp) / "rules"

@@ -42,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor import facts as facts_mod  # noqa: E402
-from doctor.unpickle import safe_loads  # noqa: E402
+from doctor.engine import facts as facts_mod  # noqa: E402
+from doctor.evidence.unpickle import safe_loads  # noqa: E402
 
 NVRX = ROOT / "tests" / "fixtures" / "fr" / "nvrx"
 TRUTH = {"gpu_error_1st": {12, 14}, "gpu_error_2nd": {9, 14}, "lock_gil_1st": {9, 14}, "lock_gil_2nd": {10, 15}}

@@ -85,7 +85,7 @@ def bench_samples(nv: Any, n: int) -> dict[str, Any]:
 
 def bench_parse() -> dict[str, Any]:
     """Parse + build time of every captured fixture file (offline half of the probe)."""
-    from doctor.evidence import Hints, Sample  # noqa: PLC0415
+    from doctor.evidence.contract import Hints, Sample  # noqa: PLC0415
 
     out: dict[str, Any] = {}
     for path in sorted((ROOT / "tests/fixtures/gpu").rglob("*")):

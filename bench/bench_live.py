@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor import demo  # noqa: E402
+from doctor.live import demo  # noqa: E402
 
 
 def once(pid: int, out: Path) -> tuple[float, float, list[float], str]:

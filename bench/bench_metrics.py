@@ -64,8 +64,8 @@ def generate(path: Path, rows: int) -> float:
 def child(path: str) -> None:
     """One analysis in this fresh process; prints seconds and peak RSS as JSON."""
     t0, c0 = time.perf_counter(), time.process_time()
-    from doctor import engine
-    from doctor.diagnose import diagnose_path
+    from doctor.engine import ruleset as engine
+    from doctor.engine.diagnose import diagnose_path
 
     engine.load_ruleset()  # every helper's YAML rules, parsed once (cached for the diagnosis)
     rules_cpu = time.process_time() - c0

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from doctor.probes import samples as sp  # noqa: E402
 
-from doctor import demo, targets  # noqa: E402
-from doctor.bundle import Bundle  # noqa: E402
-from doctor.evidence import CollectContext  # noqa: E402
+from doctor.evidence.bundle import Bundle  # noqa: E402
+from doctor.evidence.contract import CollectContext  # noqa: E402
+from doctor.live import demo, targets  # noqa: E402
 from doctor.scenarios import STEP_LINE_RE, job_command  # noqa: E402
 
 
@@ -101,8 +101,8 @@ def overhead(nproc: int, rate: int, repeats: int, window: float) -> None:
 
 
 def analysis(repeats: int) -> None:
-    from doctor import facts as facts_mod
-    from doctor.diagnose import analyze
+    from doctor.engine import facts as facts_mod
+    from doctor.engine.diagnose import analyze
 
     with tempfile.TemporaryDirectory(prefix="bench-slow-an-") as tmp:
         work = Path(tmp)

@@ -96,7 +96,7 @@ def part1(cluster: SlurmCluster, job_id: str, runs: int) -> dict[str, list[float
 
 def real_fragments(cluster: SlurmCluster, job_id: str, dest: Path) -> list[Path]:
     """The fragments of one fan-out, exactly as diagnose's srun writes them."""
-    from doctor.slurm import collect_command, srun_command
+    from doctor.live.slurm import collect_command, srun_command
 
     argv = srun_command(job_id, ["node1", "node2"], "node[1-2]", dest, 60.0, collect_command(job_id))
     cluster.run(*argv, timeout=120)
@@ -105,7 +105,7 @@ def real_fragments(cluster: SlurmCluster, job_id: str, dest: Path) -> list[Path]
 
 def replicate(frag: Path, node: str, first_rank: int, world: int, out: Path) -> Path:
     """A copy of a real fragment as if from ``node``, its ranks renumbered from ``first_rank``."""
-    from doctor.bundle import Bundle
+    from doctor.evidence.bundle import Bundle
 
     work = Path(tempfile.mkdtemp(dir=out))
     root = Bundle.load(frag, workdir=work).root
@@ -156,10 +156,10 @@ def replicate(frag: Path, node: str, first_rank: int, world: int, out: Path) -> 
 
 
 def part2(frags: list[Path], n_nodes: int, tmp: Path) -> dict[str, float]:
-    from doctor import facts as facts_mod
-    from doctor.bundle import Bundle
-    from doctor.diagnose import analyze
-    from doctor.slurm import Merger
+    from doctor.engine import facts as facts_mod
+    from doctor.engine.diagnose import analyze
+    from doctor.evidence.bundle import Bundle
+    from doctor.live.slurm import Merger
 
     with tarfile.open(frags[0]) as tar:  # ranks per real fragment
         man = next(m for m in tar.getmembers() if m.name.endswith("/manifest.json"))

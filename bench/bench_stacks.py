@@ -66,11 +66,11 @@ CHILD = r'''
 import json, resource, sys, time
 from pathlib import Path
 mode, folder = sys.argv[1], Path(sys.argv[2])
-from doctor import facts as F
+from doctor.engine import facts as F
 t0 = time.perf_counter()
 c0 = time.process_time()
 if mode == "stacks":
-    from doctor.evidence import Hints, Sample
+    from doctor.evidence.contract import Hints, Sample
     from doctor.probes.stacks import PROBE
     parsed = []
     for p in sorted(folder.iterdir()):
@@ -87,7 +87,7 @@ else:
     facts, _ = F.build(F.items_from_folder(folder), "loose")
     out = {"facts_s": time.perf_counter() - t0}
     if mode == "rules":
-        from doctor import engine
+        from doctor.engine import ruleset as engine
         rs = engine.load_ruleset()
         t1 = time.perf_counter()
         results, _ = engine.evaluate_all(rs, facts)

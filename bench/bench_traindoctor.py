@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from doctor import demo  # noqa: E402
+from doctor.live import demo  # noqa: E402
 from doctor.scenarios import SCENARIOS, STEP_LINE_RE, TRAIN_JOB, free_port, job_command  # noqa: E402
 
 SCRIPTS = ["dataloader_heavy", "host_sync", "compile_recompile", "checkpoint_sync", "healthy"]

@@ -104,7 +104,7 @@ class Case:
 
 def load_cases(root: Path = CASES, patterns: list[str] | None = None) -> list[Case]:
     """Every ``<root>/*/truth.yaml``, validated (a bad label is an error here, not a silent miss)."""
-    from doctor import taxonomy
+    from doctor.engine import taxonomy
 
     known = set(taxonomy.causes())
     cases = []
@@ -196,8 +196,8 @@ def _summarize(rep: dict[str, Any]) -> Outcome:
 
 
 def diagnose_inprocess(path: Path, repeat: int = 1) -> Outcome:
-    from doctor.diagnose import diagnose_path
-    from doctor.errors import RuleError, UserError
+    from doctor.engine.diagnose import diagnose_path
+    from doctor.evidence.errors import RuleError, UserError
 
     times, rep = [], None
     for _ in range(max(1, repeat)):
@@ -417,7 +417,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _rank_pids(launcher: int) -> dict[int, int]:
     """Rank -> pid of a running torchrun job (a process whose parent is a rank is a worker)."""
-    from doctor import demo
+    from doctor.live import demo
 
     ranks: dict[int, int] = {}
     for pid in demo.descendants(launcher):
@@ -438,7 +438,7 @@ def live(scenarios: tuple[str, ...] = LIVE_SCENARIOS, ranks: list[int] | None = 
     """Real jobs with injected faults: mldoctor live vs py-spy alone, then time to verdict at scale."""
     import bench_live
 
-    from doctor import demo
+    from doctor.live import demo
     from doctor.scenarios import SCENARIOS
 
     rows = []

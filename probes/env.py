@@ -11,10 +11,17 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeFailed, Sample
-from doctor.facts import set_world_size
-from doctor.redact import env_key_allowed, scrub
+from doctor.evidence.contract import (
+    CollectContext,
+    Hints,
+    Parsed,
+    Probe,
+    ProbeFailed,
+    Sample,
+    set_world_size,
+)
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.redact import env_key_allowed, filter_env_text, scrub
 
 _LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|setenv\s+)?([A-Za-z_][A-Za-z0-9_]*)(=|\s+)(.*)$")
 _KEYVAL = re.compile(r"^(?:export\s+|declare\s+-x\s+)?[A-Za-z_][A-Za-z0-9_]*=")
@@ -37,6 +44,8 @@ class EnvProbe(Probe):
     )
     priority: ClassVar[int] = 20  # generic KEY=VALUE shape: let specific kinds claim first
     build_order: ClassVar[int] = 10
+    live_first_round: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"env": {}}
     max_bytes: ClassVar[int] = 16 * 1024 * 1024
     facts_schema: ClassVar[dict[str, str]] = {
         "env.vars": "map<string,string>: allowlisted variables; where ranks disagree, the lowest rank's value",
@@ -46,6 +55,11 @@ class EnvProbe(Probe):
         "env.by_rank": "map<string,map<string,string>>: allowlisted variables per rank",
         "env.ranks_by_value": "map<string,map<string,list<int>>>: variable -> value -> ranks that have it (for culprits without per-rank loops)",
     }
+
+
+    def scrub(self, data: bytes) -> bytes:
+        """Environment values are kept for the allowlist only (text dumps and /proc's NULs)."""
+        return filter_env_text(data.decode("utf-8", errors="replace")).encode()
 
     def sniff(self, sample: Sample) -> bool:
         raw = sample.raw

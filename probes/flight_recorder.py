@@ -5,7 +5,7 @@ sequence id, op, sizes, dtypes, state, timestamps) plus, per process group, the 
 ``last_enqueued / last_started / last_completed`` (``pg_status``). Dumps come as pickles
 (``_dump_fr_trace()``, the watchdog's dump-on-timeout files, NVRx's ``_dump_<rank>``) or JSON
 (``_dump_fr_trace_json()``); versions 2.x from NCCL and gloo are read. Pickles go through the
-restricted unpickler (:mod:`doctor.unpickle`): a dump is plain data and nothing else is loaded.
+restricted unpickler (:mod:`doctor.evidence.unpickle`): a dump is plain data and nothing else is loaded.
 
 Why ``pg_status`` matters more than the entries: it tells a rank that stopped *issuing* work
 (its last enqueued sequence id lags the peers': the CPU side is elsewhere) from one that stopped
@@ -32,10 +32,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeSkipped, Sample
-from doctor.facts import set_world_size
-from doctor.unpickle import UnpickleError, is_pickle, safe_loads
+from doctor.evidence.contract import (
+    CollectContext,
+    Hints,
+    Parsed,
+    Probe,
+    ProbeSkipped,
+    Sample,
+    set_world_size,
+)
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.unpickle import UnpickleError, is_pickle, safe_loads
 
 _FR_KEYS = (b"entries", b"pg_config", b"pg_status", b"nccl_version", b"comm_lib_version",
             b"collective_seq_id", b"profiling_name")
@@ -352,6 +359,9 @@ class FlightRecorderProbe(Probe):
     )
     priority: ClassVar[int] = 90
     build_order: ClassVar[int] = 40
+    live_first_round: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"flight_recorder": {}}
+    shows_state: ClassVar[bool] = True
     max_bytes: ClassVar[int] = 512 * 2**20
     facts_schema: ClassVar[dict[str, str]] = {
         "flight_recorder.dumps": "int: dumps read (one per rank)",

@@ -28,8 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
+from doctor.evidence.contract import Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
+from doctor.evidence.errors import EvidenceError
 
 SCHEMA_ID = "mldoctor.gpu/1"
 
@@ -1364,6 +1364,8 @@ class GpuProbe(Probe):
     )
     priority: ClassVar[int] = 70
     build_order: ClassVar[int] = 40
+    live_first_round: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"gpu": {}, "gpu_samples": {"gpu_samples": 10}}
     max_bytes: ClassVar[int] = 32 * 1024 * 1024
     facts_schema: ClassVar[dict[str, str]] = {
         "gpu.source": "string: nvml | nvidia-smi (nvml when any NVML reading is present)",

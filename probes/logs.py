@@ -20,9 +20,8 @@ import stat
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import Hints, Parsed, Probe, ProbeSkipped, Sample
-from doctor.facts import set_world_size
+from doctor.evidence.contract import Hints, Parsed, Probe, ProbeSkipped, Sample, set_world_size
+from doctor.evidence.errors import EvidenceError
 
 from . import logscan
 
@@ -115,6 +114,9 @@ class LogsProbe(Probe):
     )
     priority: ClassVar[int] = 30  # generic text: specific kinds (stacks, metrics, gpu) claim first
     build_order: ClassVar[int] = 40
+    live_first_round: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"logs": {}, "nccl_log": {}}
+    shows_state: ClassVar[bool] = True
     max_bytes: ClassVar[int] = 1 << 40  # streamed: size costs time, never memory
     facts_schema: ClassVar[dict[str, str]] = {
         "logs.files": "int: log files read",
@@ -245,6 +247,19 @@ class LogsProbe(Probe):
     }
 
     # -- offline ---------------------------------------------------------------------------
+
+    def unexplained_state(self, facts: dict[str, Any]) -> dict[str, str] | None:
+        """Errors in the logs are not a healthy job, even when no rule can name their cause; nor
+        are errors that only follow someone else's failure (a peer lost, a remote error). Ranks
+        still waiting (and none exited) read as hung, anything else as crashed."""
+        logs = facts.get("logs") or {}
+        cascade = next((e for e in logs.get("events") or [] if e.get("role") == "cascade"), None)
+        first = logs.get("first_failure") or logs.get("first_error") or cascade
+        if not (logs.get("waits") or first):
+            return None
+        state = "hung" if logs.get("waits") and not logs.get("exited_ranks") else "crashed"
+        what = str((first or {}).get("text") or (first or {}).get("kind") or "errors")
+        return {"state": state, "what": what}
 
     def sniff(self, sample: Sample) -> bool:
         lines = self._text_lines(sample)

@@ -29,8 +29,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from doctor.redact import scrub
-from doctor.yamlsrc import safe_data
+from doctor.evidence.redact import scrub
+from doctor.evidence.yamlsrc import safe_data
 
 MAX_LINE = 8192            # bytes of one line looked at; the rest of a longer line is skipped
 EVENTS_PER_SIG = 20        # events kept per signature and file (all hits are still counted)

@@ -13,8 +13,8 @@ Reads what training jobs already write, with any reasonable column names (``loss
   DeepSpeed overflow messages, Lightning progress bars, and ``step N ... loss X`` lines
   (nanoGPT, llm.c and most hand-written loops).
 
-Each file becomes one or more :class:`~doctor.metrics_detect.Series` (per run, per rank), kept
-apart; ``build`` runs the detectors of :mod:`doctor.metrics_detect` and writes ``metrics.*``.
+Each file becomes one or more :class:`~doctor.probes.metrics_detect.Series` (per run, per rank), kept
+apart; ``build`` runs the detectors of :mod:`doctor.probes.metrics_detect` and writes ``metrics.*``.
 Nothing here is secret-bearing (numbers and metric names); free text is never copied to facts.
 
 pandas and numpy are imported inside the functions that need them.
@@ -30,9 +30,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import Hints, Parsed, Probe, Sample
-from doctor.redact import scrub
+from doctor.evidence.contract import Hints, Parsed, Probe, Sample
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.redact import scrub
 
 LINE_FORMAT_MAX = 256 * 2**20  # line-by-line readers (JSONL, text, TensorBoard) stop here
 CSV_RANGE_BYTES = 32 * 2**20  # one parse task: small enough to spread over cores
@@ -150,8 +150,7 @@ class Rows:
     def series(self, name: str, file: str, fmt: str, rank: int | None = None, run: str | None = None,
                step_from: str = "column") -> Any:
         import numpy as np
-
-        from doctor.metrics_detect import Series
+        from doctor.probes.metrics_detect import Series
 
         n = len(self.steps)
         cols, nl = {}, {}
@@ -651,8 +650,7 @@ def _read_columns(path: Path, delim: str, header: list[str], data_start: int, na
 def read_csv(path: Path, rel: str, hints: Hints) -> list[Any]:
     import numpy as np
     import pandas as pd
-
-    from doctor.metrics_detect import Series, logged_nan
+    from doctor.probes.metrics_detect import Series, logged_nan
 
     with open(path, "rb") as fh:
         first_raw = fh.readline()
@@ -1127,6 +1125,8 @@ class MetricsProbe(Probe):
     )
     priority: ClassVar[int] = 70  # specific shapes; ahead of generic text-log readers
     build_order: ClassVar[int] = 60
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"metrics": {}}
+    shows_state: ClassVar[bool] = True
     max_bytes: ClassVar[int] = 2 * 2**30  # a 10M-row CSV is ~400 MiB; line formats cap lower
     facts_schema: ClassVar[dict[str, str]] = {
         "metrics.n_series": "int: metric series read (one per file, run and rank)",
@@ -1258,7 +1258,7 @@ class MetricsProbe(Probe):
         return [Parsed(self.name, rel, s, s.rank, hints.host) for s in series]
 
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
-        from doctor.metrics_detect import Params
+        from doctor.probes.metrics_detect import Params
 
         options = ((facts.get("meta") or {}).get("options") or {}).get("metrics")
         params = Params.from_env(options if isinstance(options, dict) else None)
@@ -1273,8 +1273,7 @@ PROBE = MetricsProbe()
 def merge_tensorboard(series: list[Any]) -> list[Any]:
     """Event files of one TensorBoard run directory are one run, restarted: join them by time."""
     import numpy as np
-
-    from doctor.metrics_detect import Series
+    from doctor.probes.metrics_detect import Series
 
     out, groups = [], {}
     for s in series:
@@ -1334,8 +1333,7 @@ def summarize(series: list[Any], params: Any) -> dict[str, Any]:
     import dataclasses
 
     import numpy as np
-
-    from doctor.metrics_detect import _fmt, analyze_series, curve, observed
+    from doctor.probes.metrics_detect import _fmt, analyze_series, curve, observed
 
     results = [analyze_series(s, params) for s in series]
     for r in results:
@@ -1571,8 +1569,7 @@ def load_table(paths: list[Path | str]) -> Any:
 def table_series(table: Any) -> list[Any]:
     """Back from a tidy table to series (NaN cells count as missing, as the table cannot tell)."""
     import numpy as np
-
-    from doctor.metrics_detect import METRICS, Series, logged_nan
+    from doctor.probes.metrics_detect import METRICS, Series, logged_nan
 
     out = []
     key = "series" if "series" in table.columns else None
@@ -1597,7 +1594,7 @@ def table_series(table: Any) -> list[Any]:
 
 def analyze(source: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``metrics`` facts for paths, a tidy table, or a list of series."""
-    from doctor.metrics_detect import Params
+    from doctor.probes.metrics_detect import Params
 
     params = Params.from_env(options)
     if hasattr(source, "columns"):

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeFailed, Sample
+from doctor.evidence.contract import CollectContext, Hints, Parsed, Probe, ProbeFailed, Sample
+from doctor.evidence.errors import EvidenceError
 
 SCHEMA = "mldoctor.procs/1"
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -82,6 +82,10 @@ class ProcsProbe(Probe):
     )
     priority: ClassVar[int] = 90
     build_order: ClassVar[int] = 20
+    live_first_round: ClassVar[bool] = True
+    live_snapshots: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"procs": {"snapshot": "next"}}
+    state_order: ClassVar[int] = 10
     facts_schema: ClassVar[dict[str, str]] = {
         "procs.snapshots": "int: readings taken",
         "procs.interval_s": "float: seconds between the first and last reading",
@@ -97,6 +101,14 @@ class ProcsProbe(Probe):
         "procs.workers_total": "int: DataLoader worker processes found",
         "procs.main_waking_ranks": f"list<int>: ranks whose main thread woke up (voluntary context switches) at least {MAIN_WAKEUPS} times between the first and last reading: it is not parked in one wait",
     }
+
+
+    def observed_state(self, facts: dict[str, Any]) -> str:
+        """Snapshots were taken and no rank is alive on the host any more: the job crashed."""
+        procs = facts.get("procs") or {}
+        if procs.get("snapshots") and not procs.get("ranks_on_host") and procs.get("dead_ranks"):
+            return "crashed"
+        return ""
 
     def sniff(self, sample: Sample) -> bool:
         return SCHEMA.encode() in sample.raw[:400]

@@ -11,8 +11,8 @@ main threads stood on (``loss.item()`` is a C call: only the caller's line says 
 
 Offline it reads py-spy ``record -f raw`` files (with or without ``--threads``), py-spy
 speedscope JSON, its own window JSON, and the step-timing JSONL of the in-job helper
-(``doctor.torch``). ``build`` classifies every main-thread sample (``doctor.timeshare``, on the
-frame tables of ``doctor.stackstate``), gives per-rank time shares that add up to 1, and finds
+(``doctor.torch``). ``build`` classifies every main-thread sample (``doctor.probes.timeshare``, on the
+frame tables of ``doctor.probes.stackstate``), gives per-rank time shares that add up to 1, and finds
 the straggler: the rank that computes while the others wait for it in collectives, and why.
 """
 
@@ -33,11 +33,20 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor import facts as facts_mod
-from doctor import timeshare as ts
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
-from doctor.redact import scrub
+from doctor.probes import timeshare as ts
+
+from doctor.evidence.contract import (
+    CollectContext,
+    Hints,
+    Parsed,
+    Probe,
+    ProbeFailed,
+    ProbeSkipped,
+    Sample,
+    set_world_size,
+)
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.redact import scrub
 
 META_SCHEMA = "mldoctor.samples/1"
 STEPS_SCHEMA = "mldoctor.steps/1"
@@ -54,7 +63,7 @@ _PYSPY_DONE = re.compile(r"Samples: (\d+) Errors: (\d+)")
 _WINDOW = re.compile(r"samples-r(\d+)-")
 _SPEEDSCOPE_NAME = re.compile(r"(?:Process (\d+) )?Thread (0x[0-9A-Fa-f]+|\d+)(?: \"(.*)\")?")
 
-Frame = tuple  # (name, file, line, native), as doctor.stackstate wants
+Frame = tuple  # (name, file, line, native), as doctor.probes.stackstate wants
 
 
 @lru_cache(maxsize=1 << 16)
@@ -385,6 +394,11 @@ class SamplesProbe(Probe):
     )
     priority: ClassVar[int] = 65  # raw sample lines are text: claim them before the log reader
     build_order: ClassVar[int] = 90  # after env, procs, system, gpu, metrics: joins their facts
+    live_for_symptoms: ClassVar[tuple[str, ...]] = ("slow",)
+    runs_for_duration: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"samples": {}, "samples_again": {"window": "again"}}
+    shows_state: ClassVar[bool] = True
+    state_order: ClassVar[int] = 20
     max_bytes: ClassVar[int] = 256 * 2**20
     facts_schema: ClassVar[dict[str, str]] = {
         "samples.ranks": "list<int>: ranks with a sampling profile",
@@ -392,7 +406,7 @@ class SamplesProbe(Probe):
         "samples.rate_hz": "int: sampling rate of the live window (0 when unknown: loose files)",
         "samples.duration_s": "float: length of the live window (0 when unknown)",
         "samples.samples_total": "int: main-thread samples over all ranks",
-        "samples.categories": "list<string>: the time-share categories (doctor/timeshare.py CATEGORIES): "
+        "samples.categories": "list<string>: the time-share categories (probes/timeshare.py CATEGORIES): "
                               + ", ".join(ts.CATEGORIES),
         "samples.by_rank": "map<string,map>: per rank: samples, shares (category -> share of the main "
                            "thread's samples, sum 1), top, data, busy, waiting, checkpoint, collective_ops, "
@@ -449,6 +463,14 @@ class SamplesProbe(Probe):
     }
 
     # -- offline ---------------------------------------------------------------------------
+
+
+    def observed_state(self, facts: dict[str, Any]) -> str:
+        """A sampling window sees hundreds of stacks per rank where snapshots see a few: ranks
+        that wait 99 % of each step for a straggler look frozen in every snapshot, but in a
+        window they leave the collective now and then. When there is one, it decides."""
+        progress = (facts.get("samples") or {}).get("progress")
+        return str(progress) if progress in ("hung", "progressing") else ""
 
     def sniff(self, sample: Sample) -> bool:
         raw = sample.raw
@@ -559,7 +581,7 @@ class SamplesProbe(Probe):
             by_rank[str(rank)] = summ
             sums.append(sum(summ["shares"].values()))
         if by_rank:
-            facts_mod.set_world_size(facts, max(per_rank) + 1)
+            set_world_size(facts, max(per_rank) + 1)
         keys = list(ts.CATEGORIES) + ["data", "busy", "waiting", "checkpoint"]
 
         def val(summ: dict[str, Any], k: str) -> float:
@@ -599,7 +621,7 @@ class SamplesProbe(Probe):
         if steps:
             out["steps"] = summarize_steps(steps)
             ws = max((int(d["header"].get("world_size") or 0) for d in steps), default=0)
-            facts_mod.set_world_size(facts, ws)
+            set_world_size(facts, ws)
         facts[self.name] = out
 
     # -- live ------------------------------------------------------------------------------

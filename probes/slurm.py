@@ -3,7 +3,7 @@ output, and the record of mldoctor's own fan-out over the job's nodes.
 
 The scheduler's view answers questions the processes cannot: is the job still RUNNING, did a
 step end FAILED or NODE_FAIL (and with which exit code or signal), when did it start, which
-nodes does it hold, why does it wait. The fan-out record (written by ``doctor/slurm.py`` when it
+nodes does it hold, why does it wait. The fan-out record (written by ``doctor/live/slurm.py`` when it
 runs ``mldoctor collect`` on every node through srun) says which nodes answered, and which did
 not: a node that does not answer is itself evidence (dead node, hung kernel, full disk).
 
@@ -22,12 +22,20 @@ from itertools import product
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
+from doctor.evidence.contract import (
+    CollectContext,
+    Hints,
+    Parsed,
+    Probe,
+    ProbeFailed,
+    ProbeSkipped,
+    Sample,
+)
+from doctor.evidence.errors import EvidenceError
 
 FANOUT_SCHEMA = "mldoctor.slurm-fanout/1"
 SACCT_FORMAT = "JobID,JobName,Partition,State,ExitCode,DerivedExitCode,NNodes,NodeList,Start,End,Elapsed"
-#: The step name of mldoctor's own collectors (doctor/slurm.py): never evidence against the job.
+#: The step name of mldoctor's own collectors (doctor/live/slurm.py): never evidence against the job.
 OWN_STEP = "mldoctor-collect"
 MAX_HOSTS = 200_000  # a host list expression expanding past this is refused (a typo, not a cluster)
 #: Step/job states that mean processes ended badly (sacct/scontrol spelling, man sacct "JOB STATE CODES").
@@ -208,6 +216,7 @@ class SlurmProbe(Probe):
     )
     priority: ClassVar[int] = 80
     build_order: ClassVar[int] = 30
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"slurm": {}}
     max_bytes: ClassVar[int] = 64 * 1024 * 1024
     facts_schema: ClassVar[dict[str, str]] = {
         "slurm.job_id": "string: the job id (array jobs: 4242_7)",

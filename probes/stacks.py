@@ -5,7 +5,7 @@ text without thread ids, traceback-style stacks (``traceback.format_stack``) and
 
 Where each rank's main thread waits is the most direct evidence of a hang: peers in a collective,
 the odd rank in its DataLoader, a checkpoint write, a lock. ``build`` classifies every thread
-(``doctor.stackstate``), groups ranks STAT-style by stack signature, and names the majority and
+(``doctor.probes.stackstate``), groups ranks STAT-style by stack signature, and names the majority and
 the outliers, so rules read a handful of groups instead of thousands of ranks.
 
 Live, ``collect`` runs ``py-spy dump --json`` on every rank in parallel (py-spy ptraces and
@@ -29,9 +29,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor import stackstate as ss
-from doctor.errors import EvidenceError
-from doctor.evidence import Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
+from doctor.probes import stackstate as ss
+
+from doctor.evidence.contract import Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
+from doctor.evidence.errors import EvidenceError
 
 from . import logscan
 
@@ -412,7 +413,7 @@ def _pybt_entry(ln: str) -> tuple[str, str, int, bool] | str | None:
     if s == "Waiting for the GIL":
         # libpython.py prints this for a ``take_gil`` frame (Python 3.9+; before, for any
         # PyThread_acquire_lock (2.7) or pthread_cond_timedwait (3.x) frame): keep it as that
-        # native frame so the GIL pattern of doctor.stackstate applies
+        # native frame so the GIL pattern of doctor.probes.stackstate applies
         return ("take_gil", "Waiting for the GIL", 0, True)
     if s == "Garbage-collecting":
         return ("Garbage-collecting", "<gc>", 0, False)  # as faulthandler prints it
@@ -859,7 +860,7 @@ def _to_dump(p: _RawProc, snapshot_base: int, path: str) -> ProcDump:
 
 #: Follow-up probe names the rules ask for, and the stacks-probe options they mean (for the agent).
 # Follow-up names that ask this probe for more (stacks_native, stacks_snapshot, stacks_workers)
-# are mapped to collect() options in doctor/agent.py FOLLOW_UPS.
+# are mapped to collect() options in doctor/live/agent.py FOLLOW_UPS.
 
 MAX_GROUPS = 48
 MAX_LIST = 64
@@ -875,6 +876,12 @@ class StacksProbe(Probe):
     )
     priority: ClassVar[int] = 60
     build_order: ClassVar[int] = 50
+    live_first_round: ClassVar[bool] = True
+    live_snapshots: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {
+        "stacks": {}, "stacks_native": {"native": True}, "stacks_workers": {"workers": True}}
+    shows_state: ClassVar[bool] = True
+    state_order: ClassVar[int] = 30
     max_bytes: ClassVar[int] = 64 * 1024 * 1024
     facts_schema: ClassVar[dict[str, str]] = {
         "stacks.n_ranks": "int: ranks with a main-thread stack (latest snapshot)",
@@ -883,7 +890,7 @@ class StacksProbe(Probe):
         "stacks.formats": "list<string>: dump formats read: pyspy_text, pyspy_json, faulthandler, gdb (thread apply all bt, or a bare bt), gdb_pybt (gdb py-bt), traceback (traceback-style Python stacks: format_stack/print_stack), ide (an IDE's call-stack copy)",
         "stacks.native": "bool: some dump has native (C/C++) frames (py-spy --native, gdb)",
         "stacks.snapshots": "int: distinct snapshots (a file named *snap<k>*, or repeated dumps of one process in a file)",
-        "stacks.states": "list<string>: every thread state the classifier knows (see doctor/stackstate.py STATES)",
+        "stacks.states": "list<string>: every thread state the classifier knows (see probes/stackstate.py STATES)",
         "stacks.state_counts": "map<string,int>: main threads per state (every state present, 0 when none)",
         "stacks.state_ranks": "map<string,list<int>>: ranks per main-thread state (only states that occur)",
         "stacks.waiting_share": "float: share of main threads waiting on their peers: in a collective, or in a GPU wait (with NCCL a collective is asynchronous, so a rank whose peer is missing blocks later in .item()/synchronize rather than in the Python collective call)",
@@ -942,6 +949,30 @@ class StacksProbe(Probe):
     }
 
     # -- recognize ----------------------------------------------------------------------------
+
+
+    def wants_another_look(self, facts: dict[str, Any]) -> bool:
+        """Some ranks frozen and some moving: a slow step or a real hang; another look tells."""
+        st = facts.get("stacks") or {}
+        return bool(st.get("frozen")) and bool(st.get("moving"))
+
+    def observed_state(self, facts: dict[str, Any]) -> str:
+        """Hung or progressing from two or more snapshots.
+
+        A rank is frozen when its main-thread stack (with line numbers) is identical in every
+        snapshot and, when /proc readings exist, its main thread did not wake up between them (a
+        training loop in steady state can show the same line twice; a blocked thread never
+        wakes). The job is hung when at least half of the ranks seen are frozen.
+        """
+        st = facts.get("stacks") or {}
+        if int(st.get("snapshots") or 0) < 2:
+            return ""
+        n = int(st.get("n_ranks") or 0)
+        if not n:
+            return ""
+        procs = facts.get("procs") or {}
+        frozen = set(st.get("frozen") or []) - set(procs.get("main_waking_ranks") or [])
+        return "hung" if len(frozen) / n >= 0.5 else "progressing"
 
     def sniff(self, sample: Sample) -> bool:
         text = sample.text

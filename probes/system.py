@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, Parsed, Probe, Sample
-from doctor.redact import scrub
+from doctor.evidence.contract import CollectContext, Hints, Parsed, Probe, Sample
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.redact import scrub
 
 SCHEMA = "mldoctor.system/1"
 KERNEL_RE = re.compile(r"NVRM: Xid|Out of memory: Kill|oom-kill|Killed process|hung_task|blocked for more than", re.I)
@@ -63,6 +63,8 @@ class SystemProbe(Probe):
     )
     priority: ClassVar[int] = 85
     build_order: ClassVar[int] = 20
+    live_first_round: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"system": {}}
     facts_schema: ClassVar[dict[str, str]] = {
         "system.cores": "int: online CPUs of the host",
         "system.affinity_cores": "int: CPUs the ranks may run on (smallest affinity seen)",

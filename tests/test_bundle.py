@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from doctor import plugins
-from doctor.bundle import Bundle
-from doctor.diagnose import diagnose_path
-from doctor.errors import UserError
-from doctor.output import write_outputs
-from doctor.report import Report
-from doctor.unpickle import safe_loads
+from doctor.engine.diagnose import diagnose_path
+from doctor.engine.report import Report
+from doctor.evidence import plugins
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.errors import UserError
+from doctor.evidence.unpickle import safe_loads
+from doctor.render.output import write_outputs
 
 from .conftest import FIXTURES, mldoctor
 
@@ -194,7 +194,7 @@ def test_archive_with_escaping_member_is_refused(tmp_path):
 
 
 def test_oversized_loose_file_is_left_out_with_a_note(tmp_path, monkeypatch):
-    import doctor.output as output
+    import doctor.render.output as output
 
     folder = copy_evidence(SLOW_ENV, tmp_path)
     (folder / "huge.log").write_text("x" * 5000)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from doctor import facts as facts_mod
-from doctor.bundle import Bundle
-from doctor.engine import load_ruleset
-from doctor.errors import RuleError
-from doctor.rule import format_ranks
+from doctor.engine import facts as facts_mod
+from doctor.engine.rule import format_ranks
+from doctor.engine.ruleset import load_ruleset
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.errors import RuleError
 
 from .conftest import FIXTURES, SHARED, diagnose_json, mldoctor
 
@@ -158,7 +158,7 @@ def test_format_ranks():
 def test_taxonomy_copy_has_every_shared_cause():
     import yaml
 
-    from doctor import taxonomy
+    from doctor.engine import taxonomy
 
     shared_ids = set()
     for line in (SHARED / "taxonomy.yaml").read_text().splitlines():

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 from doctor.probes import flight_recorder as FR
 
-from doctor import celexpr
-from doctor import facts as facts_mod
-from doctor.engine import namespaces_of
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, ProbeSkipped, RankProcess, Sample
-from doctor.findings import rank_findings
-from doctor.rule import evaluate, load_file
-from doctor.unpickle import UnpickleError, safe_loads
+from doctor.engine import celexpr
+from doctor.engine import facts as facts_mod
+from doctor.engine.findings import rank_findings
+from doctor.engine.rule import evaluate, load_file
+from doctor.engine.ruleset import namespaces_of
+from doctor.evidence.contract import CollectContext, Hints, ProbeSkipped, RankProcess, Sample
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.unpickle import UnpickleError, safe_loads
 
 from .conftest import FIXTURES, ROOT, SHARED, diagnose_json, mldoctor
 
@@ -296,7 +296,7 @@ def test_scenario_captures_op_mismatch_and_partial_dumps():
 
 
 def test_collect_copies_watchdog_dumps(tmp_path):
-    from doctor.bundle import Bundle
+    from doctor.evidence.bundle import Bundle
 
     prefix = tmp_path / "fr" / "trace_"
     prefix.parent.mkdir()

@@ -12,10 +12,17 @@ import pynvml
 import pytest
 from doctor.probes import gpu
 
-from doctor import facts as facts_mod
-from doctor.bundle import Bundle
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, ProbeFailed, ProbeSkipped, RankProcess, Sample
+from doctor.engine import facts as facts_mod
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.contract import (
+    CollectContext,
+    Hints,
+    ProbeFailed,
+    ProbeSkipped,
+    RankProcess,
+    Sample,
+)
+from doctor.evidence.errors import EvidenceError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_nvml import FakeNvml, device  # noqa: E402

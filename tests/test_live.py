@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor import demo
+from doctor.live import demo
 from doctor.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.live

@@ -23,13 +23,13 @@ from doctor.probes import logs as L
 from doctor.probes import logscan as S
 from typer.testing import CliRunner
 
-from doctor import facts as facts_mod
-from doctor.bundle import Bundle
 from doctor.cli import app
-from doctor.engine import load_ruleset
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, ProbeSkipped, RankProcess, Sample
-from doctor.ruletest import run_rule_tests
+from doctor.engine import facts as facts_mod
+from doctor.engine.ruleset import load_ruleset
+from doctor.engine.ruletest import run_rule_tests
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.contract import CollectContext, Hints, ProbeSkipped, RankProcess, Sample
+from doctor.evidence.errors import EvidenceError
 
 from .conftest import FIXTURES, diagnose_json
 
@@ -262,7 +262,7 @@ def test_streaming_a_2gb_sparse_log_keeps_memory_flat(tmp_path):
     code = textwrap.dedent(r"""
         import json, re, sys
         from pathlib import Path
-        from doctor import facts
+        from doctor.engine import facts
         f, _ = facts.build(facts.items_from_folder(Path(sys.argv[1])), "loose")
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child started by a big
         # parent (pytest after an in-process torch import) would report the parent's size

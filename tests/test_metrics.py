@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from doctor.probes import metrics as M
+from doctor.probes.metrics_detect import Params
 
-from doctor import facts as facts_mod
-from doctor.charts import loss_chart_svg
-from doctor.errors import EvidenceError
-from doctor.evidence import Hints, Sample
-from doctor.metrics_detect import Params
+from doctor.engine import facts as facts_mod
+from doctor.evidence.contract import Hints, Sample
+from doctor.evidence.errors import EvidenceError
+from doctor.render.charts import loss_chart_svg
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 RUNS = ["stable", "lr_jump", "fp16_overflow", "spike", "divergence", "resume", "stable_fp16"]
@@ -388,7 +388,7 @@ def test_chart_marks_events() -> None:
     assert "learning rate jumped 100x" in svg  # the LR jump line carries its tooltip
     svg = loss_chart_svg({"metrics": metrics_of(FIX / "spike")})
     assert "<circle" in svg and "step 400" in svg
-    svg = loss_chart_svg(M.load_table([FIX / "divergence"]))
+    svg = loss_chart_svg(M.analyze(M.load_table([FIX / "divergence"])))
     assert "fill-opacity" in svg  # divergence shaded
     assert "no loss values" in loss_chart_svg({})
 

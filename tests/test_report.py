@@ -27,13 +27,13 @@ import pytest
 from typer.testing import CliRunner
 
 from doctor.cli import app
-from doctor.diagnose import diagnose_path
-from doctor.findings import Finding
-from doctor.output import report_from_json, write_outputs
+from doctor.engine.diagnose import diagnose_path
+from doctor.engine.findings import Finding
+from doctor.engine.report import Report
 from doctor.render import view
 from doctor.render.html import render_html
 from doctor.render.markdown import LIMIT, render_markdown
-from doctor.report import Report
+from doctor.render.output import report_from_json, write_outputs
 
 from .conftest import FIXTURES, mldoctor
 
@@ -45,7 +45,7 @@ _FRAME = re.compile(r"^\s{4}(\S.*\(.*\))\s*$")
 
 
 def schema() -> dict:
-    return json.loads(resources.files("doctor").joinpath("schemas/report.schema.json").read_text())
+    return json.loads(resources.files("doctor.engine").joinpath("schemas/report.schema.json").read_text())
 
 
 def validate(doc: dict) -> None:
@@ -313,11 +313,11 @@ def test_html_charts_the_curves_the_evidence_has(run, monkeypatch):
     assert "<polyline" in charts or "<path" in charts  # a line was drawn
     # no metrics evidence: no chart section; the charts module failing or missing: no chart either
     assert 'id="charts"' not in render_html(diagnose_path(SLOW_ENV))
-    broken = type(sys)("doctor.charts")
+    broken = type(sys)("doctor.render.charts")
     broken.loss_chart_svg = lambda *a, **k: (_ for _ in ()).throw(ValueError("bad curve"))
-    monkeypatch.setitem(sys.modules, "doctor.charts", broken)
+    monkeypatch.setitem(sys.modules, "doctor.render.charts", broken)
     assert 'id="charts"' not in render_html(report)
-    monkeypatch.setitem(sys.modules, "doctor.charts", None)  # import fails
+    monkeypatch.setitem(sys.modules, "doctor.render.charts", None)  # import fails
     assert 'id="charts"' not in render_html(report)
 
 

@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from doctor.bundle import Bundle
 from doctor.cli import app
-from doctor.diagnose import diagnose_path
-from doctor.output import write_outputs
-from doctor.redact import MASK, HostRedactor, filter_env_text, scrub, scrub_bytes
-from doctor.unpickle import safe_loads
+from doctor.engine.diagnose import diagnose_path
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.redact import MASK, HostRedactor, filter_env_text, scrub, scrub_bytes
+from doctor.evidence.unpickle import safe_loads
+from doctor.render.output import write_outputs
 
 from .conftest import FIXTURES, mldoctor
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from doctor.probes import samples as sp
+from doctor.probes import timeshare as ts
 
-from doctor import timeshare as ts
-from doctor.errors import EvidenceError
-from doctor.evidence import Hints
+from doctor.evidence.contract import Hints
+from doctor.evidence.errors import EvidenceError
 from doctor.scenarios import SCENARIOS, STEP_LINE_RE, job_command
 
 from .conftest import FIXTURES, mldoctor
@@ -235,7 +235,7 @@ MIN_STEPS = {"compile_recompile": 10, "checkpoint_sync": 12}
 @pytest.mark.live
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_slow_scenario_diagnosed_live(name):
-    from doctor import demo
+    from doctor.live import demo
 
     sc = SCENARIOS[name]
     with tempfile.TemporaryDirectory(prefix=f"mldoctor-slow-{name}-") as tmp:

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from doctor.probes import slurm as slurm_probe
 
-from doctor import facts as facts_mod
-from doctor.bundle import Bundle
-from doctor.errors import UserError
-from doctor.evidence import Hints
-from doctor.slurm import FanOut, Merger, srun_command
+from doctor.engine import facts as facts_mod
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.contract import Hints
+from doctor.evidence.errors import UserError
+from doctor.live.slurm import FanOut, Merger, srun_command
 
 from .conftest import FIXTURES, mldoctor
 from .slurm_cluster import slurm_cluster, train_job_script  # noqa: F401 - the fixture
@@ -131,7 +131,7 @@ def test_sacct_fixed_width_table_is_read():
 
 
 def test_sniff_by_content_not_name(tmp_path):
-    from doctor.evidence import Sample
+    from doctor.evidence.contract import Sample
 
     for src, dest in (("scontrol-show-job.txt", "a.log"), ("sacct.txt", "b.out"), ("squeue.txt", "c")):
         (tmp_path / dest).write_bytes((SLURM / "running_hung" / src).read_bytes())
@@ -186,7 +186,7 @@ def test_merge_waits_for_a_whole_fragment_and_records_the_node(tmp_path):
 
 def test_targets_node_filter_keeps_only_that_nodes_ranks():
     """With several slurmd on one host, node1's collector must not take node2's ranks."""
-    from doctor import targets
+    from doctor.live import targets
 
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node2"}
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,

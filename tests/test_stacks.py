@@ -19,13 +19,20 @@ from pathlib import Path
 
 import pytest
 from doctor.probes import stacks as S
+from doctor.probes import stackstate as ss
 
-from doctor import facts as facts_mod
-from doctor import plugins
-from doctor import stackstate as ss
-from doctor.bundle import Bundle
-from doctor.errors import EvidenceError
-from doctor.evidence import CollectContext, Hints, ProbeFailed, ProbeSkipped, RankProcess, Sample
+from doctor.engine import facts as facts_mod
+from doctor.evidence import plugins
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.contract import (
+    CollectContext,
+    Hints,
+    ProbeFailed,
+    ProbeSkipped,
+    RankProcess,
+    Sample,
+)
+from doctor.evidence.errors import EvidenceError
 
 from .conftest import FIXTURES, diagnose_json
 
@@ -762,7 +769,7 @@ def test_diagnose_from_stacks_names_cause_and_ranks(scenario, tmp_path):
     assert (top["cause"], top["ranks"]) == (cause, ranks), [(f["cause"], f["ranks"]) for f in report["findings"]]
     # with every other kind of evidence of the capture too (in-process: same code as the CLI),
     # the stacks finding is still there
-    from doctor.diagnose import diagnose_path
+    from doctor.engine.diagnose import diagnose_path
 
     full = diagnose_path(src)
     assert any(f.cause == cause and f.ranks == ranks for f in full.findings), \

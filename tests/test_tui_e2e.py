@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from doctor import demo
+from doctor.live import demo
 
 pytestmark = [
     pytest.mark.live,

@@ -13,9 +13,9 @@ from importlib import resources
 from typing import Any
 
 from doctor import __version__
+from doctor.engine.report import Report
+from doctor.engine.rule import format_ranks
 from doctor.render import view
-from doctor.report import Report
-from doctor.rule import format_ranks
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 _MAX_GROUPS_SIDE = 8
@@ -141,13 +141,13 @@ _CHART_METRICS = (("loss", "Loss"), ("step_time", "Step time"), ("grad_norm", "G
 
 
 def _charts(report: Report) -> str:
-    """Charts from ``doctor.charts`` for the curves the evidence has (``metrics.curves``)."""
+    """Charts from ``doctor.render.charts`` for the curves the evidence has (``metrics.curves``)."""
     metrics = report.facts.get("metrics")
     curves = metrics.get("curves") if isinstance(metrics, dict) else None
     if not isinstance(curves, dict):
         return ""
     try:  # optional: the report works without it
-        draw = importlib.import_module("doctor.charts").loss_chart_svg
+        draw = importlib.import_module("doctor.render.charts").loss_chart_svg
     except Exception:
         return ""
     figs = []

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from doctor import __version__
-from doctor.findings import Finding
+from doctor.engine.findings import Finding
+from doctor.engine.report import Report
+from doctor.engine.rule import format_ranks
 from doctor.render import view
-from doctor.report import Report
-from doctor.rule import format_ranks
 
 #: GitHub's limit for an issue or comment body (characters).
 LIMIT = 65_536

@@ -7,8 +7,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from doctor.report import Report
-from doctor.rule import format_ranks
+from doctor.engine.report import Report
+from doctor.engine.rule import format_ranks
 
 STATE_STYLE = {"hung": "bold red", "crashed": "bold red", "diverging": "bold magenta",
                "slow": "bold yellow", "healthy": "bold green", "unknown": "bold blue"}

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor.report import Report
-from doctor.rule import format_ranks
+from doctor.engine.report import Report
+from doctor.engine.rule import format_ranks
 
 NO_EVIDENCE = "no evidence"
 #: Per-rank keys that say where a rank is, most specific first.

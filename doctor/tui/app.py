@@ -16,8 +16,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, OptionList, Static, TabbedContent, TabPane
 
-from doctor.errors import UserError
-from doctor.report import Report
+from doctor.engine.report import Report
+from doctor.evidence.errors import UserError
 from doctor.tui import questions as qs
 from doctor.tui import views
 from doctor.tui.browser import EnvPane, GpuPane, MetricsPane, RanksPane, StacksPane, TracePane
@@ -27,7 +27,7 @@ from doctor.tui.guide import GuidePane
 from doctor.tui.session import Session, stamp
 
 if TYPE_CHECKING:
-    from doctor.diagnose import Trace
+    from doctor.engine.trace import Trace
 
 #: (tab id, label with its key, the widget that gets the focus there)
 TABS = (
@@ -109,7 +109,7 @@ class DoctorApp(App[int]):
         if self.running:
             self._pending = True
             return
-        from doctor.diagnose import Trace
+        from doctor.engine.trace import Trace
 
         self.running, self.error = True, ""
         self._trace, self._seen = Trace(), 0
@@ -126,7 +126,7 @@ class DoctorApp(App[int]):
         """The engine, off the UI thread; its result goes back through call_from_thread."""
         report, error = None, ""
         try:
-            from doctor import engine
+            from doctor.engine import ruleset as engine
 
             rules = engine.load_ruleset(self.session.rules_dirs or None)
             self.causes = {r.id: r.cause for r in rules.rules}

@@ -10,8 +10,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
+from doctor.engine.report import Report
 from doctor.render import view
-from doctor.report import Report
 from doctor.tui import views
 
 

@@ -10,7 +10,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
-from doctor.report import Report
+from doctor.engine.report import Report
 from doctor.tui import views
 
 

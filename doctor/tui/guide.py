@@ -9,7 +9,7 @@ from textual.message import Message
 from textual.widgets import Input, OptionList, RichLog, Static, TabbedContent
 from textual.widgets.option_list import Option
 
-from doctor.report import Report
+from doctor.engine.report import Report
 from doctor.tui import views
 from doctor.tui.questions import Question
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from doctor import celexpr
+from doctor.engine import celexpr
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from doctor.bundle import Bundle
-from doctor.errors import UserError
-from doctor.report import Report
+from doctor.engine.report import Report
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.errors import UserError
 
 if TYPE_CHECKING:
-    from doctor.diagnose import Trace
+    from doctor.engine.trace import Trace
 
 #: A finding at or above this confidence counts as "a rule fired with high confidence": the
 #: walkthrough then stops asking open questions (what changed, did it ever work at this scale).
@@ -102,7 +102,7 @@ class Session:
         self._root = bundle.root
         for rep in bundle.manifest.get("reports") or []:
             if isinstance(rep, dict) and str(rep.get("path", "")).endswith("report.json"):
-                from doctor.output import load_report_json
+                from doctor.render.output import load_report_json
 
                 try:
                     saved = load_report_json(bundle.root / str(rep["path"]))
@@ -119,13 +119,13 @@ class Session:
 
         Pass ``trace`` (made on the UI thread) to poll its steps while this runs.
         """
-        from doctor.diagnose import Trace
+        from doctor.engine.trace import Trace
 
         trace = trace if trace is not None else Trace()
         self.trace = trace
         self.runs += 1
         if self.live:
-            from doctor import agent
+            from doctor.live import agent
 
             self._live_out = self.tmp() / "live"
             report = agent.diagnose_live(
@@ -139,7 +139,7 @@ class Session:
         return report
 
     def _diagnose_path(self, trace: Trace) -> Report:
-        from doctor.diagnose import analyze, gather_items
+        from doctor.engine.diagnose import analyze, gather_items
 
         assert self.path is not None
         if self._root is None and Bundle.is_bundle(self.path):
@@ -188,7 +188,7 @@ class Session:
         """What the questions' conditions may read besides the facts (the ``session`` map)."""
         rep = self.report or self.saved
         top = rep.findings[0] if rep and rep.findings else None
-        from doctor.findings import ACTIONABLE
+        from doctor.engine.findings import ACTIONABLE
 
         actionable = [f for f in (rep.findings if rep else []) if f.severity in ACTIONABLE]
         return {
@@ -206,7 +206,7 @@ class Session:
     # -- export --------------------------------------------------------------------------------
     def export(self, fmt: str, dest: Path) -> dict[str, Path]:
         """Write the report as md, html, or ``all`` (reports + the evidence bundle) under ``dest``."""
-        from doctor.output import render_as, write_file, write_outputs
+        from doctor.render.output import render_as, write_file, write_outputs
 
         report = self.view()
         if report is None:

@@ -14,10 +14,10 @@ from typing import Any
 
 from rich.text import Text
 
-from doctor.findings import Finding
+from doctor.engine.findings import Finding
+from doctor.engine.report import Report
+from doctor.engine.rule import format_ranks
 from doctor.render import view
-from doctor.report import Report
-from doctor.rule import format_ranks
 
 SEVERITY_STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
 STATE_STYLE = {"hung": "bold red", "crashed": "bold red", "slow": "bold yellow", "diverging": "bold yellow",
@@ -94,7 +94,7 @@ def finding_detail(f: Finding) -> Text:
 
 def confirm_commands(cause: str) -> list[tuple[str, str]]:
     """The playbook's commands to confirm ``cause``: (command, why)."""
-    from doctor import playbook
+    from doctor.engine import playbook
 
     pb = playbook.get(cause) or {}
     out = []

@@ -13,9 +13,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from doctor.errors import UserError
-from doctor.evidence import RankProcess
-from doctor.redact import filter_env
+from doctor.evidence.contract import RankProcess
+from doctor.evidence.errors import UserError
+from doctor.evidence.redact import filter_env
 
 LAUNCHER_MARKERS = ("torch.distributed.run", "torchrun", "torch.distributed.launch", "deepspeed",
                     "accelerate", "mpirun", "mpiexec", "srun", "lightning", "composer", "torchx")

@@ -19,8 +19,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from doctor import __version__
-from doctor.errors import UserError
-from doctor.redact import filter_env_text, scrub, scrub_bytes
+from doctor.evidence import plugins
+from doctor.evidence.errors import UserError
+from doctor.evidence.redact import scrub, scrub_bytes
 
 SCHEMA = "mldoctor.bundle/1"
 MANIFEST = "manifest.json"
@@ -57,6 +58,12 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def scrub_for_kind(kind: str, data: bytes) -> bytes:
+    """The owning probe's own scrubbing (``Probe.scrub``, sos's postproc) for an artifact kind."""
+    probe = plugins.probe(kind) if kind else None
+    return probe.scrub(data) if probe is not None else data
 
 
 class Bundle:
@@ -105,8 +112,7 @@ class Bundle:
             raise ValueError(f"artifact path escapes the bundle: {rel}")
         if isinstance(data, str):
             data = data.encode()
-        if kind == "env":  # environment values are kept for the allowlist only, text or /proc NULs
-            data = filter_env_text(data.decode("utf-8", errors="replace")).encode()
+        data = scrub_for_kind(kind, data)  # the kind's own scrubbing first (env: the allowlist)
         if text:
             data = scrub(data.decode("utf-8", errors="replace")).encode()
         else:  # binary (pickles, /proc files): masked in place, same length

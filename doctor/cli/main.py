@@ -10,11 +10,14 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from doctor.errors import RuleError, UserError
+from doctor.evidence.errors import RuleError, UserError
+
+if TYPE_CHECKING:
+    from doctor.engine.report import Report
 
 app = typer.Typer(
     name="mldoctor",
@@ -57,6 +60,21 @@ def _emit(report, as_json: bool, verbose: bool = False) -> None:  # noqa: ANN001
         render(report, verbose=verbose)
 
 
+def _diagnose_live(pids: list[int] | None, slurm_job: str | None, symptom: str | None,
+                   logs: list[Path] | None, rules: list[Path] | None, budget: float, duration: float,
+                   job: str | None, out: Path | None, redact_hosts: bool) -> Report:
+    """A SLURM job through its own engine (srun --overlap), else the job on this host."""
+    if slurm_job:
+        from doctor.live import slurm
+
+        return slurm.diagnose_slurm_job(slurm_job, symptom=symptom, rules_dirs=rules, budget=budget,
+                                        out=out, redact_hosts=redact_hosts, duration=duration)
+    from doctor.live import agent
+
+    return agent.diagnose_live(pids=pids, symptom=symptom, logs=logs, rules_dirs=rules, budget=budget,
+                               duration=duration, job=job, out=out, redact_hosts=redact_hosts)
+
+
 @app.command()
 def diagnose(
     from_: Optional[Path] = typer.Option(None, "--from", help="A bundle (dir or .tar.gz) or a folder of loose evidence files."),
@@ -76,22 +94,14 @@ def diagnose(
     """Diagnose a job: live on this host (default), given PIDs, a SLURM job, or saved evidence."""
     try:
         if from_ is not None:
-            from doctor.diagnose import diagnose_path
+            from doctor.engine.diagnose import diagnose_path
 
             report = diagnose_path(from_, symptom.value if symptom else None, logs, rules)
         else:
-            try:
-                from doctor import agent
-            except ImportError:
-                _fail("live diagnosis is not available in this build; use --from PATH")
-                return
-            report = agent.diagnose_live(
-                pids=pid, slurm_job=slurm_job, symptom=symptom.value if symptom else None,
-                logs=logs, rules_dirs=rules, budget=budget, duration=duration, job=job,
-                out=out, redact_hosts=redact_hosts,
-            )
+            report = _diagnose_live(pid, slurm_job, symptom.value if symptom else None, logs, rules,
+                                    budget, duration, job, out, redact_hosts)
         if out is not None and from_ is not None:
-            from doctor.output import write_outputs
+            from doctor.render.output import write_outputs
 
             write_outputs(report, out, from_path=from_, redact_hosts=redact_hosts, logs=logs)
     except (UserError, RuleError) as exc:
@@ -104,8 +114,8 @@ def diagnose(
 @app.command()
 def explain(cause: str = typer.Argument(..., help="A cause id, e.g. collective_mismatch.")) -> None:
     """Print the playbook of a cause: what it means, how to confirm it, how to fix it."""
-    from doctor import playbook as playbooks
-    from doctor import taxonomy
+    from doctor.engine import playbook as playbooks
+    from doctor.engine import taxonomy
     from doctor.render.playbook import render_playbook
 
     pb = playbooks.get(cause)
@@ -121,12 +131,12 @@ def facts(
     schema: bool = typer.Option(False, "--schema", help="Print the facts reference (Markdown)."),
 ) -> None:
     """Show the facts document the rules see, or its schema."""
-    from doctor import facts as facts_mod
+    from doctor.engine import facts as facts_mod
 
     if schema or from_ is None:
         typer.echo(facts_mod.schema_markdown())
         return
-    from doctor.diagnose import gather_items
+    from doctor.engine.diagnose import gather_items
 
     try:
         items, source, runs, _ = gather_items(from_)
@@ -144,7 +154,7 @@ def report(
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file (mode 0600) instead of stdout."),
 ) -> None:
     """Render the report of saved evidence (diagnosed again, offline) or of a report.json."""
-    from doctor.output import load_for_report, render_as, sanitize_report, write_file
+    from doctor.render.output import load_for_report, render_as, sanitize_report, write_file
 
     try:
         rep, bundle_name = load_for_report(path)
@@ -190,7 +200,7 @@ def rules_test(
     rules: list[Path] = typer.Option([], "--rules"),
 ) -> None:
     """Run every rule's cases (must fire / must not fire / not evaluable)."""
-    from doctor.ruletest import run_rule_tests
+    from doctor.engine.ruletest import run_rule_tests
 
     try:
         results = run_rule_tests(_ruleset(rules), rule)
@@ -207,7 +217,7 @@ def rules_test(
 @rules_app.command("lint")
 def rules_lint(rules: list[Path] = typer.Option([], "--rules")) -> None:
     """Check every rule compiles, names known facts and causes, has cases and a playbook."""
-    from doctor.ruletest import lint
+    from doctor.engine.ruletest import lint
 
     rs = _ruleset(rules)
     problems = lint(rs)
@@ -232,7 +242,7 @@ def demo(
         for name, sc in SCENARIOS.items():
             typer.echo(f"{name:18} {sc.description}")
         return
-    from doctor.demo import run_demo
+    from doctor.live.demo import run_demo
 
     if not as_json:
         typer.echo(f"mldoctor demo: starting scenario {scenario!r} (a real torchrun job on the CPU)...", err=True)
@@ -258,7 +268,7 @@ def collect(
     duration: float = typer.Option(10.0, "--duration", help="Sampling window (s) for --symptom slow."),
 ) -> None:
     """Only collect evidence on this host into a bundle (what srun runs on each node)."""
-    from doctor.collect import collect_local
+    from doctor.live.node import collect_local
 
     try:
         collect_local(pids=pid, slurm_job=slurm_job, job=job, out=out, logs=logs,
@@ -290,7 +300,7 @@ def tui(
 
 
 def _ruleset(rules: list[Path]):  # noqa: ANN202
-    from doctor.engine import load_ruleset
+    from doctor.engine.ruleset import load_ruleset
 
     try:
         return load_ruleset(rules)

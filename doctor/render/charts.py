@@ -23,17 +23,14 @@ _MARK = {
 }
 
 
-def _metrics_ns(source: Any) -> dict[str, Any]:
-    """The ``metrics`` namespace from full facts, the namespace itself, a table or series."""
-    if isinstance(source, dict):
-        if isinstance(source.get("metrics"), dict):
-            return source["metrics"]
-        if "curves" in source or "events" in source:
-            return source
-        return {}
-    from doctor.probes.metrics import analyze  # a table (pandas) or a list of series
-
-    return analyze(source)
+def _metrics_ns(source: dict[str, Any]) -> dict[str, Any]:
+    """The ``metrics`` namespace from full facts, or the namespace itself. A renderer draws
+    facts only; a table or series goes through ``doctor.probes.metrics.analyze`` first."""
+    if isinstance(source.get("metrics"), dict):
+        return source["metrics"]
+    if "curves" in source or "events" in source:
+        return source
+    return {}
 
 
 def _num(v: Any) -> float:

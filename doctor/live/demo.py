@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from doctor import targets
-from doctor.errors import UserError
-from doctor.report import Report
+from doctor.engine.report import Report
+from doctor.evidence.errors import UserError
+from doctor.live import targets
 
 QUIET_FOR = 2.0      # seconds without a new step line: the job stopped making progress
 START_DEADLINE = 180.0
@@ -110,8 +110,8 @@ def leftovers(proc: subprocess.Popen[bytes], known: list[int]) -> list[int]:
 def run_demo(scenario: str, nproc: int | None = None, budget: float = 30.0,
              out: Path | None = None) -> tuple[Report, str]:
     """Start, wait, diagnose, stop. Returns the report and a line comparing it to the truth."""
-    from doctor import agent
-    from doctor.rule import format_ranks
+    from doctor.engine.rule import format_ranks
+    from doctor.live import agent
     from doctor.scenarios import SCENARIOS
 
     sc = SCENARIOS.get(scenario)
@@ -122,7 +122,7 @@ def run_demo(scenario: str, nproc: int | None = None, budget: float = 30.0,
         try:
             state = wait_until_stuck(proc, log, scenario)
             if state == "exited":
-                from doctor.diagnose import diagnose_path
+                from doctor.engine.diagnose import diagnose_path
 
                 report = diagnose_path(log)
             else:

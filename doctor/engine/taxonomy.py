@@ -5,13 +5,13 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-from doctor.yamlsrc import safe_data
+from doctor.evidence.yamlsrc import safe_data
 
 
 @lru_cache(maxsize=1)
 def load() -> dict[str, dict[str, dict[str, str]]]:
     """``{category: {cause_id: {means, look_for}}}`` from the shipped taxonomy.yaml."""
-    text = resources.files("doctor").joinpath("taxonomy.yaml").read_text(encoding="utf-8")
+    text = resources.files("doctor.engine").joinpath("taxonomy.yaml").read_text(encoding="utf-8")
     return safe_data(text)
 
 

@@ -40,11 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from doctor.bundle import MANIFEST, Bundle, ProbeRun
-from doctor.diagnose import Trace, analyze
-from doctor.errors import UserError
-from doctor.evidence import one_line
-from doctor.report import Report
+from doctor.engine.diagnose import analyze
+from doctor.engine.report import Report
+from doctor.engine.trace import Trace
+from doctor.evidence.bundle import MANIFEST, Bundle, ProbeRun
+from doctor.evidence.contract import one_line
+from doctor.evidence.errors import UserError
+from doctor.live.common import FOLLOW_UP_ENV, finish
 
 ENV_SHARED_DIR = "MLDOCTOR_SLURM_SHARED_DIR"
 ENV_NODE_TIMEOUT = "MLDOCTOR_SLURM_NODE_TIMEOUT"
@@ -348,8 +350,6 @@ def run_fanout(job_id: str, nodes: list[str], node_expr: str, shared: Path, merg
     t0 = time.monotonic()
     stderr_path = round_dir / "srun.stderr"
     if requests:
-        from doctor.collect import FOLLOW_UP_ENV
-
         env = {**env, FOLLOW_UP_ENV: json.dumps([list(r) for r in requests])}
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
@@ -466,7 +466,9 @@ def plan_follow_ups(report: Report, answered: list[str], done: set[tuple[str, st
     Snapshot requests are left out: every node's first pass already took two snapshots; the
     SLURM record is read here, not on the nodes.
     """
-    from doctor.agent import FOLLOW_UPS
+    from doctor.evidence import plugins
+
+    table = plugins.follow_ups()
 
     where = (report.facts.get("job") or {}).get("rank_hosts") or {}
     requests: list[tuple[str, dict[str, Any]]] = []
@@ -474,7 +476,7 @@ def plan_follow_ups(report: Report, answered: list[str], done: set[tuple[str, st
     for fu in report.follow_ups:
         if fu.get("probe") in ("slurm", "snapshots"):
             continue
-        for name, opts in FOLLOW_UPS.get(fu.get("probe", ""), []):
+        for name, opts in table.get(fu.get("probe", ""), []):
             if "snapshot" in opts:
                 continue
             ranks = sorted({int(r) for r in fu.get("ranks") or []}) or None
@@ -495,7 +497,7 @@ def plan_follow_ups(report: Report, answered: list[str], done: set[tuple[str, st
 
 def _controller_slurm_evidence(bundle: Bundle, job_id: str, env: dict[str, str], trace: Trace) -> None:
     """scontrol/sacct/squeue once, from here (never from every node)."""
-    from doctor.evidence import ProbeFailed, ProbeSkipped
+    from doctor.evidence.contract import ProbeFailed, ProbeSkipped
 
     t0 = time.perf_counter()
     try:
@@ -518,7 +520,8 @@ def _controller_slurm_evidence(bundle: Bundle, job_id: str, env: dict[str, str],
 def _warm_up(rules_dirs: list[Path] | None) -> None:
     """Import the evidence kinds and compile the rules (both cached) ahead of the analysis."""
     try:
-        from doctor import engine, plugins
+        from doctor.engine import ruleset as engine
+        from doctor.evidence import plugins
 
         plugins.probes()
         engine.load_ruleset(rules_dirs)
@@ -570,7 +573,7 @@ def diagnose_slurm_job(job_id: str, symptom: str | None = None, rules_dirs: list
                                "diagnosing from SLURM's record")
         source = {"type": "live", "slurm_job": info.job_id, "host": socket.gethostname(), "job": info.job_id,
                   "nodes": info.nodes}
-        from doctor import facts as facts_mod
+        from doctor.engine import facts as facts_mod
 
         def evaluate() -> Report:
             bundle.manifest["trace"] = trace.steps
@@ -596,8 +599,6 @@ def diagnose_slurm_job(job_id: str, symptom: str | None = None, rules_dirs: list
                 report = evaluate()
             else:
                 trace.add("stop", "no rule asks for more evidence from the nodes")
-        from doctor.agent import finish
-
         return finish(report, trace, bundle, out, redact_hosts)
     finally:
         if shared is not None:

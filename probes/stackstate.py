@@ -485,7 +485,7 @@ def pattern_docs() -> list[dict[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Phases of a running thread (used by the sampling profile, doctor/timeshare.py).
+# Phases of a running thread (used by the sampling profile, probes/timeshare.py).
 #
 # ``classify`` answers "what does this thread wait for". A sampling profile also needs "which
 # part of the step is it running": a thread that ``classify`` calls ``python`` (running code the

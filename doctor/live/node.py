@@ -17,14 +17,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from doctor import targets
-from doctor.agent import Collector, collect_job
-from doctor.bundle import Bundle, ProbeRun
-from doctor.diagnose import Trace
-from doctor.errors import UserError
-
-#: Set by ``diagnose --slurm-job`` for a follow-up round: JSON ``[[probe, {options}], ...]``.
-FOLLOW_UP_ENV = "MLDOCTOR_COLLECT_REQUESTS"
+from doctor.engine.trace import Trace
+from doctor.evidence.bundle import Bundle, ProbeRun
+from doctor.evidence.errors import UserError
+from doctor.live import targets
+from doctor.live.agent import Collector, collect_job
+from doctor.live.common import FOLLOW_UP_ENV
 
 
 def follow_up_requests() -> list[tuple[str, dict[str, Any]]]:

@@ -8,9 +8,10 @@ from typing import Any
 
 import yaml
 
-from doctor import plugins, taxonomy
-from doctor.errors import UserError
-from doctor.yamlsrc import safe_data
+from doctor.engine import taxonomy
+from doctor.evidence import plugins
+from doctor.evidence.errors import UserError
+from doctor.evidence.yamlsrc import safe_data
 
 REQUIRED = ("cause", "title", "category", "means", "confirm", "fix", "references")
 

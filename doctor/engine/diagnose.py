@@ -1,6 +1,6 @@
 """The offline half of the flow: evidence -> facts -> rules -> findings -> report.
 
-Live diagnosis (``doctor.agent``) collects a bundle first and then calls :func:`analyze`, so a
+Live diagnosis (``doctor.live.agent``) collects a bundle first and then calls :func:`analyze`, so a
 verdict on the cluster and a verdict from the saved bundle come from the same code.
 """
 
@@ -11,24 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from doctor import engine
-from doctor import facts as facts_mod
-from doctor.bundle import Bundle
-from doctor.errors import UserError
-from doctor.findings import rank_findings, verdict
-from doctor.report import Report
-
-
-class Trace:
-    """The steps that led to a verdict, kept for the report's "how we got here"."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.steps: list[dict[str, Any]] = []
-
-    def add(self, action: str, detail: str = "", **extra: Any) -> None:
-        self.steps.append({"t": round(time.perf_counter() - self.t0, 3), "action": action,
-                           "detail": detail, **extra})
+from doctor.engine import facts as facts_mod
+from doctor.engine import ruleset as engine
+from doctor.engine.findings import rank_findings
+from doctor.engine.report import Report
+from doctor.engine.trace import Trace
+from doctor.engine.verdict import verdict
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.errors import UserError
 
 
 def gather_items(path: Path, logs: list[Path] | None = None) -> tuple[list[facts_mod.Item], dict[str, Any], list[dict[str, Any]], Bundle | None]:

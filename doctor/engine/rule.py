@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor import celexpr, taxonomy
-from doctor.errors import RuleError
-from doctor.yamlsrc import Located, load
+from doctor.engine import celexpr, taxonomy
+from doctor.evidence.errors import RuleError
+from doctor.evidence.yamlsrc import Located, load
 
 SEVERITIES = ("critical", "high", "medium", "low", "info")
 STATES = ("hung", "slow", "crashed", "diverging", "healthy", "unknown")

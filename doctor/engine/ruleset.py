@@ -8,9 +8,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from doctor import celexpr, plugins
-from doctor import facts as facts_mod
-from doctor.rule import Rule, RuleResult, evaluate, load_rules
+from doctor.engine import celexpr
+from doctor.engine import facts as facts_mod
+from doctor.engine.rule import Rule, RuleResult, evaluate, load_rules
+from doctor.evidence import plugins
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from doctor.errors import RuleError
+from doctor.evidence.errors import RuleError
 
 
 class Located(dict):

@@ -12,8 +12,9 @@ import os
 from functools import lru_cache
 from importlib import metadata, resources
 from pathlib import Path
+from typing import Any
 
-from doctor.evidence import Probe
+from doctor.evidence.contract import LOOP_FOLLOW_UPS, Probe
 
 PROBE_GROUP = "mldoctor.probes"
 RULES_GROUP = "mldoctor.rules"
@@ -41,6 +42,31 @@ def probes() -> tuple[Probe, ...]:
 
 def probe(name: str) -> Probe | None:
     return next((p for p in probes() if p.name == name), None)
+
+
+def first_round() -> list[str]:
+    """Probes the live loop runs before any rule asks (``Probe.live_first_round``)."""
+    return [p.name for p in probes() if p.live_first_round and p.collects_live()]
+
+
+def snapshot_probes() -> list[str]:
+    """Probes that take part in every stack snapshot round (``Probe.live_snapshots``)."""
+    return [p.name for p in probes() if p.live_snapshots and p.collects_live()]
+
+
+def for_symptom(symptom: str | None) -> list[str]:
+    """Probes to run early for this symptom (``Probe.live_for_symptoms``)."""
+    return [p.name for p in probes() if symptom and symptom in p.live_for_symptoms and p.collects_live()]
+
+
+def follow_ups() -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """Follow-up name -> the probe runs it stands for, from every probe's ``follow_ups``; the
+    loop's own names (another snapshot) map to no probe run."""
+    out: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in LOOP_FOLLOW_UPS}
+    for p in probes():
+        for name, opts in p.follow_ups.items():
+            out.setdefault(name, []).append((p.name, dict(opts)))
+    return out
 
 
 def rule_dirs(extra: list[Path] | None = None) -> list[Path]:

@@ -2,7 +2,7 @@
 
     OUT/report.md         Markdown for GitHub/GitLab/Jira (under 65,536 characters)
     OUT/report.html       one self-contained file
-    OUT/report.json       mldoctor.report/1 with the facts (doctor/schemas/report.schema.json)
+    OUT/report.json       mldoctor.report/1 with the facts (doctor/engine/schemas/report.schema.json)
     OUT/mldoctor-<job>-<time>.tar.gz (+ .sha256)   the bundle: manifest, checksums, artifacts
     OUT/host-map.json     only with --redact-hosts: real name -> alias; never inside the archive
 
@@ -24,12 +24,12 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-from doctor.bundle import Bundle, sha256_file
-from doctor.errors import UserError
-from doctor.findings import Finding
-from doctor.redact import HostRedactor, filter_env_text, is_text, scrub, scrub_bytes
-from doctor.report import SCHEMA as REPORT_SCHEMA
-from doctor.report import Report
+from doctor.engine.findings import Finding
+from doctor.engine.report import SCHEMA as REPORT_SCHEMA
+from doctor.engine.report import Report
+from doctor.evidence.bundle import Bundle, scrub_for_kind, sha256_file
+from doctor.evidence.errors import UserError
+from doctor.evidence.redact import HostRedactor, is_text, scrub, scrub_bytes
 
 #: Loose files above this size are left out of the bundle (noted in the manifest).
 MAX_LOOSE_COPY = 256 * 1024**2
@@ -156,8 +156,8 @@ def host_redactor(report: Report, bundle: Bundle | None = None) -> HostRedactor:
 
 def _claimer() -> Callable[[Path], str]:
     """``path -> kind`` by the same content sniffing diagnosis uses ('' when no probe claims it)."""
-    from doctor import plugins
-    from doctor.evidence import Sample
+    from doctor.evidence import plugins
+    from doctor.evidence.contract import Sample
 
     probes = plugins.probes()
 
@@ -182,9 +182,8 @@ def _claimer() -> Callable[[Path], str]:
 def _prepare(data: bytes, kind: str, redactor: HostRedactor | None) -> tuple[bytes, bool]:
     """Bytes to store and whether ``Bundle.add_artifact`` should treat them as text."""
     text = is_text(data)
-    if kind == "env":  # the allowlist first (Bundle.add_artifact applies it too), then hosts
-        data = filter_env_text(data.decode("utf-8", errors="replace")).encode()
-    elif not text:
+    data = scrub_for_kind(kind, data)  # the kind's own first (Bundle.add_artifact applies it too)
+    if not text:
         data = scrub_bytes(data)
     if redactor is not None:
         data = redactor.redact_bytes(data)
@@ -194,7 +193,7 @@ def _prepare(data: bytes, kind: str, redactor: HostRedactor | None) -> tuple[byt
 def _copy_loose(stage: Bundle, from_path: Path, redactor: HostRedactor | None,
                 logs: list[Path] | None) -> None:
     """Every file of a loose folder (and the --logs paths) as an artifact under ``loose/``."""
-    from doctor import facts as facts_mod
+    from doctor.engine import facts as facts_mod
 
     claim = _claimer()
     sets = [("loose", facts_mod.items_from_folder(from_path))]
@@ -349,7 +348,7 @@ def load_for_report(path: Path) -> tuple[Report, str | None]:
     PATH is a ``report.json`` (rendered as written), or a bundle / loose folder, diagnosed again
     offline; an archive is unpacked into a temporary folder that is removed afterwards.
     """
-    from doctor.diagnose import diagnose_path
+    from doctor.engine.diagnose import diagnose_path
 
     path = Path(path)
     if not path.exists():

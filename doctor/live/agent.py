@@ -18,37 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doctor import facts as facts_mod
-from doctor import plugins, targets
-from doctor.bundle import Bundle, ProbeRun
-from doctor.diagnose import Trace, analyze
-from doctor.errors import UserError
-from doctor.evidence import CollectContext, Probe, ProbeFailed, ProbeSkipped, one_line
-from doctor.report import Report
+from doctor.engine import facts as facts_mod
+from doctor.engine.diagnose import analyze
+from doctor.engine.report import Report
+from doctor.engine.trace import Trace
+from doctor.evidence import plugins
+from doctor.evidence.bundle import Bundle, ProbeRun
+from doctor.evidence.contract import (
+    LOOP_FOLLOW_UPS,
+    CollectContext,
+    ProbeFailed,
+    ProbeSkipped,
+    one_line,
+)
+from doctor.live import targets
+from doctor.live.common import finish
 
-FIRST_ROUND = ("procs", "env", "system", "stacks", "logs", "flight_recorder", "gpu")
 SNAPSHOT_GAPS = (1.0, 2.0, 4.0)  # seconds before snapshot 1, 2, 3: a slow step shows as movement
 PROBE_TIMEOUT = 10.0
-#: Follow-up names that rules and playbooks use, and the probe runs they stand for.
-FOLLOW_UPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "stacks": [("stacks", {})],
-    "stacks_native": [("stacks", {"native": True})],
-    "stacks_workers": [("stacks", {"workers": True})],
-    "snapshots": [],  # handled by the loop: another stacks+procs snapshot after a longer gap
-    "stacks_snapshot": [],
-    "env": [("env", {})],
-    "system": [("system", {})],
-    "procs": [("procs", {"snapshot": "next"})],
-    "logs": [("logs", {})],
-    "nccl_log": [("logs", {})],
-    "flight_recorder": [("flight_recorder", {})],
-    "gpu": [("gpu", {})],
-    "gpu_samples": [("gpu", {"gpu_samples": 10})],
-    "samples": [("samples", {})],
-    "samples_again": [("samples", {"window": "again"})],  # a second window, later (one-off or pattern)
-    "metrics": [("metrics", {})],
-    "slurm": [("slurm", {})],
-}
 
 
 @dataclass
@@ -77,7 +64,7 @@ class Collector:
                                  {**self.options, **opts, "layout": self.layout()},
                                  float(opts.get("timeout", PROBE_TIMEOUT)), name, round_no)
             try:
-                if type(probe).collect is Probe.collect:  # this kind is read from files only
+                if not probe.collects_live():  # this kind is read from files only
                     raise ProbeSkipped("this evidence kind is read from files only")
                 probe.collect(ctx)
                 status, reason = "ok", ""
@@ -95,7 +82,8 @@ class Collector:
         with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
             futures = {pool.submit(one, n, o): (n, o) for n, o in requests}
             # a sampling window runs for its --duration before it can answer
-            window = max((float({**self.options, **o}.get("duration") or 0) for n, o in requests if n == "samples"),
+            window = max((float({**self.options, **o}.get("duration") or 0) for n, o in requests
+                          if getattr(plugins.probe(n), "runs_for_duration", False)),
                          default=0.0)
             finished, pending = wait(futures, timeout=PROBE_TIMEOUT * 2 + window)
             for fut in finished:
@@ -111,7 +99,7 @@ class Collector:
 
     def snapshot_round(self, round_no: int) -> None:
         self.snapshot += 1
-        self.run([("stacks", {"snapshot": self.snapshot}), ("procs", {"snapshot": self.snapshot})], round_no)
+        self.run([(name, {"snapshot": self.snapshot}) for name in plugins.snapshot_probes()], round_no)
 
 
 def _analyze(bundle: Bundle, symptom: str | None, rules_dirs: list[Path] | None, trace: Trace,
@@ -121,53 +109,36 @@ def _analyze(bundle: Bundle, symptom: str | None, rules_dirs: list[Path] | None,
 
 
 def _ambiguous_motion(report: Report) -> bool:
-    """Some ranks frozen and some moving: a slow step or a real hang; another look tells."""
-    st = report.facts.get("stacks") or {}
-    frozen, moving = st.get("frozen") or [], st.get("moving") or []
-    return bool(frozen) and bool(moving)
+    """Some kind's evidence is ambiguous in a way another snapshot settles (``wants_another_look``)."""
+    kinds = set(report.facts.get("evidence", {}).get("kinds") or [])
+    return any(p.wants_another_look(report.facts) for p in plugins.probes() if p.name in kinds)
 
 
 def collect_job(job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str, Any],
                 symptom: str | None) -> Collector:
     """The first pass on one host: every probe once, then a second stack snapshot."""
     col = Collector(bundle, job, trace, options)
-    first = [(n, {"snapshot": 0} if n in ("stacks", "procs") else {}) for n in FIRST_ROUND]
+    snap = set(plugins.snapshot_probes())
+    first = [(n, {"snapshot": 0} if n in snap else {}) for n in plugins.first_round()]
     t0 = time.perf_counter()
     col.run(first, 0)
     remaining = SNAPSHOT_GAPS[0] - (time.perf_counter() - t0)
     if remaining > 0:
         time.sleep(remaining)  # the gap between snapshots is the measurement, not a wait for luck
     col.snapshot_round(1)
-    if symptom == "slow":
-        col.run([("samples", {"duration": options.get("duration", 10.0)})], 1)
+    early = plugins.for_symptom(symptom)
+    if early:
+        col.run([(n, {"duration": options.get("duration", 10.0)}) for n in early], 1)
     return col
 
 
-def finish(report: Report, trace: Trace, bundle: Bundle, out: Path | None, redact_hosts: bool) -> Report:
-    """Seal the bundle, attach the trace, and write the reports and archive when asked."""
-    report.trace = trace.steps
-    bundle.save()
-    report.source["bundle"] = str(bundle.root) if out is not None else ""
-    if out is not None:
-        from doctor.output import write_outputs
-
-        write_outputs(report, out, bundle=bundle, redact_hosts=redact_hosts)
-    return report
-
-
-def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, symptom: str | None = None,
+def diagnose_live(pids: list[int] | None = None, symptom: str | None = None,
                   logs: list[Path] | None = None, rules_dirs: list[Path] | None = None,
                   budget: float = 30.0, duration: float = 10.0, job: str | None = None,
                   out: Path | None = None, redact_hosts: bool = False,
                   trace: Trace | None = None) -> Report:
-    """``trace``: pass one to watch the steps while it runs (the TUI polls it from a thread)."""
-    if slurm_job:
-        try:
-            from doctor import slurm
-        except ImportError:
-            raise UserError("SLURM support is not available in this build") from None
-        return slurm.diagnose_slurm_job(slurm_job, symptom=symptom, rules_dirs=rules_dirs, budget=budget,
-                                        out=out, redact_hosts=redact_hosts, duration=duration)
+    """Diagnose the job on this host. ``trace``: pass one to watch the steps while it runs (the
+    TUI polls it from a thread). A SLURM job is ``doctor.live.slurm.diagnose_slurm_job``."""
     t_start = time.perf_counter()
     trace = trace if trace is not None else Trace()
     the_job = targets.pick_job(targets.discover(pids or None), job)
@@ -194,11 +165,12 @@ def diagnose_live(pids: list[int] | None = None, slurm_job: str | None = None, s
                 break
             want_snapshot = _ambiguous_motion(report)
             requests: list[tuple[str, dict[str, Any]]] = []
+            table = plugins.follow_ups()
             for fu in report.follow_ups:
-                if fu["probe"] in ("snapshots", "stacks_snapshot"):
+                if fu["probe"] in LOOP_FOLLOW_UPS:
                     want_snapshot = True
                     continue
-                for name, opts in FOLLOW_UPS.get(fu["probe"], []):
+                for name, opts in table.get(fu["probe"], []):
                     ranks = fu.get("ranks") or None
                     key = (name, repr((ranks, sorted(opts.items()))))
                     if key in col.done:

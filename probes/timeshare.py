@@ -4,7 +4,7 @@ A sampling profile (``py-spy record --idle``) is a bag of stacks with counts. Ea
 stack is put into one category (waiting for data, in a collective, forward, backward, the optimizer,
 host-device sync, checkpoint I/O, logging, torch.compile, GC, other waits, idle) and the counts
 become shares of the sampled window, per rank. The frame tables are those of
-``doctor.stackstate`` (the wait states of the hang classifier, plus its ``PHASES`` for running
+``doctor.probes.stackstate`` (the wait states of the hang classifier, plus its ``PHASES`` for running
 code); this module only maps them to categories and adds one thing the frames cannot show: the
 source line a sample stands on (``loss.item()`` is a C call, so py-spy's innermost Python frame is
 the caller's line, and only its text says it reads a tensor back to the host).
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from doctor import stackstate as ss
+from doctor.probes import stackstate as ss
 
 #: Categories of a main-thread sample, in report order, with what each means.
 CATEGORIES: dict[str, str] = {

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor import celexpr
-from doctor import facts as facts_mod
-from doctor import playbook as playbooks
-from doctor.engine import RuleSet
-from doctor.errors import RuleError
-from doctor.rule import Rule, evaluate
-from doctor.yamlsrc import load
+from doctor.engine import celexpr
+from doctor.engine import facts as facts_mod
+from doctor.engine import playbook as playbooks
+from doctor.engine.rule import Rule, evaluate
+from doctor.engine.ruleset import RuleSet
+from doctor.evidence import plugins
+from doctor.evidence.errors import RuleError
+from doctor.evidence.yamlsrc import load
 
 _PER_RANK_LOOP = re.compile(r"by_rank\s*\.\s*(?:filter|map)\s*\(")
 EXPECT = {"fire": "fired", "no_fire": "not_fired", "not_evaluable": "not_evaluable"}
@@ -106,9 +107,7 @@ def run_rule_tests(ruleset: RuleSet, only: str | None = None) -> list[CaseResult
 
 
 def _follow_up_names() -> set[str]:
-    from doctor.agent import FOLLOW_UPS
-
-    return set(FOLLOW_UPS)
+    return set(plugins.follow_ups())
 
 
 def lint(ruleset: RuleSet) -> list[str]:

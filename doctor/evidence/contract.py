@@ -1,9 +1,12 @@
-"""The contract between the engine and an evidence kind (a probe module).
+"""The contract between the engine and an evidence kind (a probe package).
 
-One evidence kind lives in one module of ``probes/`` and exposes a ``PROBE`` object, a subclass
+One evidence kind lives in one package of ``probes/`` and exposes a ``PROBE`` object, a subclass
 of :class:`Probe`. The engine never knows kinds by name: it asks each registered probe whether a
 file is its own (by content, with the file name only as a hint), lets it parse the file, and
-lets it add its namespace to the facts. Live collection (``collect``) is optional.
+lets it add its namespace to the facts. Everything else the engine and the live layer need to
+know about a kind is declared here too, so that adding a kind never means editing them: whether
+it runs in the first live round, the follow-ups rules may ask of it, whether and how it shows the
+job's state, how it scrubs its own artifacts (sos's ``postproc``), and what it adds to reports.
 """
 
 from __future__ import annotations
@@ -97,8 +100,32 @@ class Probe:
     priority: ClassVar[int] = 50
     #: Files above this size are not parsed whole; streaming kinds raise it.
     max_bytes: ClassVar[int] = 256 * 1024 * 1024
+    #: Order in which ``build`` runs (lower first): env builds early so world size is known.
+    build_order: ClassVar[int] = 50
     #: Documented fact paths this probe writes: ``"env.vars": "map<string,string>: ..."``.
     facts_schema: ClassVar[dict[str, str]] = {}
+
+    # -- live collection ------------------------------------------------------------------------
+    #: Runs in the first live round, before any rule has asked for it.
+    live_first_round: ClassVar[bool] = False
+    #: Takes part in the repeated snapshot rounds that tell hung from slow (collect() then gets
+    #: a ``snapshot`` option: 0, 1, 2, ...).
+    live_snapshots: ClassVar[bool] = False
+    #: Symptoms (``--symptom``) for which this probe runs right after the first snapshots even
+    #: though no rule asked yet (the sampling window for ``slow``).
+    live_for_symptoms: ClassVar[tuple[str, ...]] = ()
+    #: ``collect`` runs for the ``--duration`` window before it answers (a sampling profile), so
+    #: its timeout is the window plus the usual probe time.
+    runs_for_duration: ClassVar[bool] = False
+    #: Follow-up names rules and playbooks may ask for, and the ``collect`` options each means.
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    # -- the job's state ------------------------------------------------------------------------
+    #: This kind can show what state a job is in (hung, slow, crashed), not only its settings;
+    #: with no rule fired and no such kind in the evidence, the verdict is "unknown", not healthy.
+    shows_state: ClassVar[bool] = False
+    #: Order in which probes are asked for ``observed_state`` (lower first; first answer wins).
+    state_order: ClassVar[int] = 50
 
     def sniff(self, sample: Sample) -> bool:
         """Is this file evidence of my kind? Decide from content; names are only hints."""
@@ -115,6 +142,66 @@ class Probe:
     def collect(self, ctx: Any) -> Any:
         """Gather this evidence from a live target; ``None`` means not applicable here."""
         return None
+
+    @classmethod
+    def collects_live(cls) -> bool:
+        """Whether this kind overrides ``collect`` (others are read from files only)."""
+        return cls.collect is not Probe.collect
+
+    def observed_state(self, facts: dict[str, Any]) -> str:
+        """What this kind saw of the job live: ``hung``, ``progressing``, ``crashed``, or ``""``
+        when it has no opinion. Only kinds that watch the running job (snapshots, sampling
+        windows, process tables) answer; the engine takes the first answer by ``state_order``."""
+        return ""
+
+    def wants_another_look(self, facts: dict[str, Any]) -> bool:
+        """Live: is this kind's evidence ambiguous in a way a later snapshot would settle (some
+        ranks frozen, some moving)? The loop then takes another snapshot after a longer gap."""
+        return False
+
+    def unexplained_state(self, facts: dict[str, Any]) -> dict[str, str] | None:
+        """With no rule fired: does this kind's evidence still show the job is not healthy?
+        Return ``{"state": ..., "what": ...}`` (e.g. a log with a failure no rule names), or
+        ``None``. Keeps "errors in the evidence are never a healthy verdict" out of the engine."""
+        return None
+
+    def scrub(self, data: bytes) -> bytes:
+        """Kind-specific scrubbing applied before an artifact of this kind is stored or copied
+        (sos's ``postproc``); the generic secret scrubber runs after it on every artifact."""
+        return data
+
+    def report_sections(self, facts: dict[str, Any]) -> list[Section]:
+        """Sections this kind adds to every report (tables of its own facts)."""
+        return []
+
+
+#: Follow-up names that the live loop itself answers (another stack/process snapshot after a
+#: longer gap); every other follow-up name belongs to some probe's ``follow_ups``.
+LOOP_FOLLOW_UPS = ("snapshots", "stacks_snapshot")
+
+
+@dataclass
+class Section:
+    """A report section a probe contributes: a titled table, rendered the same way by every
+    renderer (terminal, Markdown, HTML, TUI) without knowing the kind it came from."""
+
+    id: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+    #: Row indexes to highlight (a culprit's row).
+    marked: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "title": self.title, "columns": self.columns, "rows": self.rows,
+                "note": self.note, "marked": self.marked}
+
+
+def set_world_size(facts: dict[str, Any], value: int | None) -> None:
+    """Probes call this when their evidence names the world size; the largest credible wins."""
+    if value and value > 0:
+        facts["job"]["world_size"] = max(int(facts["job"].get("world_size") or 0), int(value))
 
 
 def one_line(exc: BaseException) -> str:
@@ -154,7 +241,7 @@ class CollectContext:
     checksum, so probes never touch the bundle layout themselves.
     """
 
-    bundle: Any  # doctor.bundle.Bundle
+    bundle: Any  # doctor.evidence.bundle.Bundle
     host: str
     procs: list[RankProcess]
     options: dict[str, Any] = field(default_factory=dict)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from doctor import __version__
-from doctor.findings import ACTIONABLE, Finding
+from doctor.engine.findings import ACTIONABLE, Finding
 
 SCHEMA = "mldoctor.report/1"
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor import plugins
-from doctor.bundle import Bundle
-from doctor.errors import EvidenceError
-from doctor.evidence import Hints, Parsed, Sample, one_line
+from doctor.evidence import plugins
+from doctor.evidence.bundle import Bundle
+from doctor.evidence.contract import Hints, Parsed, Sample, one_line, set_world_size  # noqa: F401 (re-exported)
+from doctor.evidence.errors import EvidenceError
 
 FACTS_SCHEMA = "mldoctor.facts/1"
 MAX_LOOSE_FILES = 20000
@@ -225,35 +225,22 @@ def _derive_job(facts: dict[str, Any], parsed: dict[str, list[Parsed]]) -> None:
 
 
 def observed_state(facts: dict[str, Any]) -> str:
-    """Hung or progressing, from repeated live snapshots; empty when the evidence cannot tell.
+    """What the live evidence saw of the job: the first answer of the probes that watch it.
 
-    A rank is frozen when its main-thread stack (with line numbers) is identical in every
-    snapshot and, when /proc readings exist, its main thread did not wake up between them (a
-    training loop in steady state can show the same line twice; a blocked thread never wakes).
-    The job is hung when at least half of the ranks seen are frozen.
+    "crashed" from any kind wins (no rank alive is final); otherwise the kinds are asked in
+    their ``state_order`` (a sampling window sees more than two snapshots, so it answers first).
     """
-    procs = facts.get("procs") or {}
-    if procs.get("snapshots") and not procs.get("ranks_on_host") and procs.get("dead_ranks"):
+    answers = []
+    for probe in sorted(plugins.probes(), key=lambda p: (p.state_order, p.name)):
+        try:
+            state = probe.observed_state(facts)
+        except Exception:  # a probe's opinion must never break the facts step
+            continue
+        if state:
+            answers.append(state)
+    if "crashed" in answers:
         return "crashed"
-    # A sampling window (samples probe) sees hundreds of stacks per rank where snapshots see a
-    # few: ranks that wait 99% of each step for a straggler look frozen in every snapshot, but
-    # in a window they leave the collective now and then. When there is one, it decides.
-    sm = facts.get("samples") or {}
-    if sm.get("progress") in ("hung", "progressing"):
-        return str(sm["progress"])
-    st = facts.get("stacks") or {}
-    if int(st.get("snapshots") or 0) >= 2:
-        n = int(st.get("n_ranks") or 0)
-        if n:
-            frozen = set(st.get("frozen") or []) - set(procs.get("main_waking_ranks") or [])
-            return "hung" if len(frozen) / n >= 0.5 else "progressing"
-    return ""
-
-
-def set_world_size(facts: dict[str, Any], value: int | None) -> None:
-    """Probes call this when their evidence names the world size; the largest credible wins."""
-    if value and value > 0:
-        facts["job"]["world_size"] = max(int(facts["job"].get("world_size") or 0), int(value))
+    return answers[0] if answers else ""
 
 
 def schema_markdown() -> str:

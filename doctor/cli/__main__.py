@@ -1,0 +1,3 @@
+from doctor.cli.main import main
+
+main()

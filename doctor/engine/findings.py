@@ -1,0 +1,92 @@
+"""From fired rules to ranked findings and a verdict.
+
+Ranking: score = severity weight x confidence x coverage, where coverage discounts a verdict
+about culprit ranks when the evidence speaks for only part of the job (0.5 + 0.5 x seen/world).
+Suppression: a rule naming a root cause hides the symptom causes it lists in ``suppresses``;
+the hidden findings stay in the trace so the reasoning is visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from doctor.engine import playbook as playbooks
+from doctor.engine import taxonomy
+from doctor.engine.rule import RuleResult
+from doctor.engine.verdict import ACTIONABLE, set_aside  # noqa: F401 (ACTIONABLE re-exported)
+
+SEVERITY_WEIGHT = {"critical": 1.0, "high": 0.8, "medium": 0.6, "low": 0.4, "info": 0.1}
+
+
+@dataclass
+class Finding:
+    cause: str
+    rule: str
+    rule_name: str
+    title: str
+    category: str
+    severity: str
+    confidence: float
+    score: float
+    state: str
+    ranks: list[int]
+    hosts: list[str]
+    gpus: list[str]
+    summary: str
+    evidence: list[str]
+    fix: list[str]
+    also_fired: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _coverage(res: RuleResult, facts: dict[str, Any]) -> float:
+    job = facts.get("job", {})
+    ws, seen = job.get("world_size") or 0, job.get("n_ranks_seen") or 0
+    if not res.ranks or not ws or not seen:
+        return 1.0
+    return 0.5 + 0.5 * min(1.0, seen / ws)
+
+
+def _hosts_of(ranks: list[int], facts: dict[str, Any]) -> list[str]:
+    """The culprit ranks' hosts, when the rule names ranks but no hosts (multi-node evidence)."""
+    where = (facts.get("job") or {}).get("rank_hosts") or {}
+    return sorted({where[str(r)] for r in ranks if str(r) in where}) if len(set(where.values())) > 1 else []
+
+
+def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
+    """Findings most likely first, one per cause, and trace lines for what was suppressed."""
+    # First set aside what the observation contradicts: a set-aside rule must not hide others.
+    fired, trace = set_aside([r for r in results if r.status == "fired"], facts)
+    suppressed_by: dict[str, str] = {}
+    for r in fired:
+        for cause in r.rule.suppresses:
+            if cause != r.rule.cause:
+                suppressed_by.setdefault(cause, r.rule.id)
+    by_cause: dict[str, Finding] = {}
+    for r in fired:
+        if r.rule.cause in suppressed_by:
+            trace.append(f"{r.rule.id} ({r.rule.cause}) suppressed by {suppressed_by[r.rule.cause]}")
+            continue
+        score = SEVERITY_WEIGHT[r.rule.severity] * r.rule.confidence * _coverage(r, facts)
+        pb = playbooks.get(r.rule.cause) or {}
+        f = Finding(
+            cause=r.rule.cause, rule=r.rule.id, rule_name=r.rule.name,
+            title=str(pb.get("title") or r.rule.cause.replace("_", " ")),
+            category=taxonomy.causes().get(r.rule.cause, ""), severity=r.rule.severity,
+            confidence=round(r.rule.confidence, 3), score=round(score, 4), state=r.rule.state,
+            ranks=r.ranks, hosts=r.hosts or _hosts_of(r.ranks, facts), gpus=r.gpus, summary=r.summary,
+            evidence=r.evidence,
+            fix=playbooks.fix_steps(r.rule.cause),
+        )
+        prev = by_cause.get(f.cause)
+        if prev is None or f.score > prev.score:
+            if prev is not None:
+                f.also_fired = prev.also_fired + [prev.rule]
+            by_cause[f.cause] = f
+        else:
+            prev.also_fired.append(f.rule)
+    ordered = sorted(by_cause.values(), key=lambda f: (-f.score, f.rule))
+    return ordered, trace

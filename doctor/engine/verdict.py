@@ -1,0 +1,100 @@
+"""Engine policy: how observations and findings become the job's state. All of it is here.
+
+Rules name causes; this module decides what the job *is* when rules and live observation meet:
+
+1. **Set aside** (before suppression, so a set-aside rule hides nothing): a fired rule whose
+   state contradicts what live snapshots saw is kept out of the findings, with a trace line:
+   a "hung" rule when the stacks moved between snapshots, a "slow" rule when most ranks stayed
+   frozen.
+2. **Verdict**: with an actionable finding, its state (an observed hang or crash wins over the
+   rule's state) and its summary. Without one:
+   - no rule could be evaluated: "unknown";
+   - only kinds that cannot show a state (settings such as env or system): "unknown", never
+     healthy;
+   - a kind whose evidence still shows trouble (``Probe.unexplained_state``: e.g. log errors no
+     rule names): that state, with "no rule names its cause";
+   - otherwise healthy (or the observed state, named without a cause).
+
+Why in Python and not in YAML rules: these are not causes (no taxonomy id, no playbook); they
+decide how findings combine. Each branch is covered by tests in tests/test_engine.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from doctor.engine.rule import format_ranks
+from doctor.evidence import plugins
+
+if TYPE_CHECKING:
+    from doctor.engine.rule import RuleResult
+
+ACTIONABLE = ("critical", "high", "medium", "low")
+
+
+def set_aside(fired: list[RuleResult], facts: dict[str, Any]) -> tuple[list[RuleResult], list[str]]:
+    """Fired rules the live observation does not contradict, and trace lines for the others."""
+    observed = (facts.get("job") or {}).get("observed_state") or ""
+    kept, trace = [], []
+    for r in fired:
+        if observed == "progressing" and r.rule.state == "hung":
+            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means a hang, but the stacks moved between snapshots")
+        elif observed == "hung" and r.rule.state == "slow":
+            trace.append(f"{r.rule.id} ({r.rule.cause}) set aside: it means slow progress, but most ranks' stacks "
+                         "stayed frozen between snapshots")
+        else:
+            kept.append(r)
+    return kept, trace
+
+
+def state_kinds() -> set[str]:
+    """Evidence kinds that can show what state a job is in (``Probe.shows_state``)."""
+    return {p.name for p in plugins.probes() if p.shows_state}
+
+
+def _unexplained(facts: dict[str, Any]) -> dict[str, str] | None:
+    kinds = set((facts.get("evidence") or {}).get("kinds") or [])
+    for probe in plugins.probes():
+        if probe.name not in kinds:
+            continue
+        try:
+            found = probe.unexplained_state(facts)
+        except Exception:  # a probe's opinion must never break the verdict
+            continue
+        if found:
+            return found
+    return None
+
+
+def verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict[str, str]:
+    """The job's state and a one-line summary; an observed state from live probes wins."""
+    actionable = [f for f in findings if f.severity in ACTIONABLE]
+    observed = (facts.get("job") or {}).get("observed_state") or ""
+    if actionable:
+        top = actionable[0]
+        state = observed if observed in ("hung", "crashed") else top.state
+        culprits = ""
+        if top.ranks:
+            culprits = f" on rank{'s' if len(top.ranks) > 1 else ''} {format_ranks(top.ranks)}"
+        if top.hosts:
+            culprits += f" ({', '.join(top.hosts[:4])}{'...' if len(top.hosts) > 4 else ''})"
+        return {"state": state, "summary": f"{top.title}{culprits}: {top.summary}", "cause": top.cause}
+    if evaluable == 0 or not facts.get("evidence", {}).get("kinds"):
+        return {"state": observed if observed in ("hung", "crashed") else "unknown",
+                "summary": "Not enough evidence to judge: no rule could be evaluated on what was found.",
+                "cause": ""}
+    kinds = set(facts.get("evidence", {}).get("kinds") or [])
+    if observed in ("", "progressing") and not (observed == "progressing" or kinds & state_kinds()):
+        return {"state": "unknown", "cause": "",
+                "summary": f"No rule fired, but the evidence ({', '.join(sorted(kinds))}) cannot show whether "
+                           "the job is hung, slow or healthy; add stacks, logs, metrics or flight-recorder dumps."}
+    trouble = _unexplained(facts) if observed in ("", "progressing") else None
+    if trouble:
+        what = trouble.get("what") or "errors"
+        what = what if len(what) <= 160 else what[:159].rstrip() + "…"
+        return {"state": trouble.get("state") or "unknown", "cause": "",
+                "summary": f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
+    state = "healthy" if observed in ("", "progressing") else observed
+    msg = ("No problem found in the evidence." if state == "healthy"
+           else f"The job looks {state}, but no rule names a cause; see the evidence below.")
+    return {"state": state, "summary": msg, "cause": ""}

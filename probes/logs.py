@@ -20,6 +20,8 @@ import stat
 from pathlib import Path
 from typing import Any, ClassVar
 
+from doctor.probes.common.text import TB_START, strip_prefixes
+
 from doctor.evidence.contract import Hints, Parsed, Probe, ProbeSkipped, Sample, set_world_size
 from doctor.evidence.errors import EvidenceError
 
@@ -283,7 +285,7 @@ class LogsProbe(Probe):
         if lines is None:
             return False
         tail = _tail_lines(sample) or []
-        return any(_signature_hit(part) or any(ln.startswith(logscan._TB_START) for ln in part)
+        return any(_signature_hit(part) or any(ln.startswith(TB_START) for ln in part)
                    for part in (lines, tail))
 
     @staticmethod
@@ -346,7 +348,7 @@ class LogsProbe(Probe):
 
 
 def _matches_any(lib: logscan.Library, line: str) -> bool:
-    body, _ = logscan._strip_prefixes(line)
+    body, _ = strip_prefixes(line)
     return any(s.regex.search(body) for s in lib.candidates(body))
 
 
@@ -357,7 +359,7 @@ def _signature_hit(lines: list[str]) -> bool:
     for ln in lines:
         if _matches_any(lib, ln):
             return True
-        body, _ = logscan._strip_prefixes(ln)
+        body, _ = strip_prefixes(ln)
         if prev and logscan.wraps(prev, body):
             joined = prev + " " + body
             sigs = logscan.seam_candidates(lib, prev, body, lib.candidates(prev) + lib.candidates(body))

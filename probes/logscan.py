@@ -29,6 +29,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from doctor.probes.common.text import (  # noqa: F401
+    EXC_LINE,
+    RANK_PREFIX,
+    RUNTIME_PREFIX,
+    TB_START,
+    strip_prefixes,
+)
+
 from doctor.evidence.redact import scrub
 from doctor.evidence.yamlsrc import safe_data
 
@@ -227,13 +235,6 @@ def library() -> Library:
 
 # torchrun --tee: "[default0]:"; torch's excepthook / TORCH_LOGS: "[rank0]:" (scripts: "[rank0] "); OpenMPI
 # --tag-output: "[1,3]<stdout>:"; prefixes nest ("[default1]:[rank1]:V1202 ...").
-_PREFIX = re.compile(r"\[(?:rank(?P<rank>\d+)\]:?|default(?P<local>\d+)\]:|\d+,(?P<mpi>\d+)\]<std(?:out|err)>:)\s?")
-# What a container runtime or its log collector puts before each line the job wrote: the CRI
-# format of Kubernetes node logs ("2026-12-02T13:31:20.123456789Z stderr F "), docker/kubectl
-# --timestamps ("2026-12-02T13:31:20.123456789Z "), kubectl logs --prefix ("[pod/trainer-0/main] ").
-# Removed before anything else so the job's own prefixes and messages read as written.
-_RUNTIME_PREFIX = re.compile(r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) "
-                             r"(?:(?:stdout|stderr) [FP] )?|\[pod/[^\]\s]+\] ")
 _NCCL = re.compile(r"^(?:\[\d{4}-\d\d-\d\d [\d:.]+\] )?(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL (?P<level>INFO|WARN|TRACE|ABORT|ERROR)\b")
 _SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?) (?P<host>[\w.-]+) kernel:")
 _IN_MSG_RANK = re.compile(r"\[(?:PG ID \d+ PG GUID [^\]]*? )?Rank (?P<rank>\d+)\]")
@@ -284,9 +285,7 @@ def signal_name(exitcode: int | None) -> str:
 
 # -- per-file scan state ---------------------------------------------------------------------
 
-_TB_START = ("Traceback (most recent call last):", "Original Traceback (most recent call last):")
 _TB_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_EXC_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z_]\w*)(?::\s?(?P<msg>.*))?$")
 _FB_HEADER = re.compile(r"^(?P<what>Failures|Root Cause \(first observed failure\)):\s*$")
 _FB_ENTRY = re.compile(r"^\[(?P<n>\d+)\]:\s*$")
 _FB_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s*(?P<val>.*?)\s*$")
@@ -445,35 +444,13 @@ def _srun_labelled(head: list[str]) -> bool:
     return len(lines) >= 3 and sum(bool(_SRUN_LABEL.match(ln)) for ln in lines) >= 0.8 * len(lines)
 
 
-def _strip_prefixes(line: str) -> tuple[str, int | None]:
-    """Remove nested launcher prefixes; the innermost rank-like prefix wins."""
-    rank = None
-    if line[:1].isdigit() or line.startswith("[pod/"):
-        while True:
-            m = _RUNTIME_PREFIX.match(line)
-            if not m:
-                break
-            line = line[m.end():]
-    while line.startswith("["):
-        m = _PREFIX.match(line)
-        if not m:
-            break
-        for key in ("rank", "mpi", "local"):
-            if m.group(key) is not None:
-                if key != "local" or rank is None:
-                    rank = int(m.group(key))
-                break
-        line = line[m.end():]
-    return line, rank
-
-
 def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
-    stamp = _RUNTIME_PREFIX.match(line) if line[:1].isdigit() else None
+    stamp = RUNTIME_PREFIX.match(line) if line[:1].isdigit() else None
     scan._stamp = (stamp.group("ts") or "") if stamp else ""
     label = _SRUN_LABEL.match(line) if scan._labels else None
     if label:
         line = line[label.end():]
-    body, prefix_rank = _strip_prefixes(line)
+    body, prefix_rank = strip_prefixes(line)
     if label and prefix_rank is None:
         prefix_rank = int(label.group("task"))
     host = None
@@ -673,7 +650,7 @@ def _traceback_step(scan: Scan, body: str, prefix_rank: int | None, stream_rank:
                     lineno: int) -> None:
     key = prefix_rank
     tb = scan._tb.get(key)
-    if body.startswith(_TB_START):
+    if body.startswith(TB_START):
         if tb is not None:
             _end_traceback(scan, key, None, lineno)
         scan._tb[key] = _Traceback(stream_rank, lineno)
@@ -689,7 +666,7 @@ def _traceback_step(scan: Scan, body: str, prefix_rank: int | None, stream_rank:
         if lineno - tb.line > 400:  # a lost traceback (output cut): forget it
             del scan._tb[key]
         return
-    m = _EXC_LINE.match(body.strip())
+    m = EXC_LINE.match(body.strip())
     if m and tb.frames:
         _end_traceback(scan, key, m, lineno)
     elif lineno - tb.line > 400 or not tb.frames:

@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from doctor.probes import stackstate as ss
+from doctor.probes.common.text import EXC_LINE
 
 from doctor.evidence.contract import Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
 from doctor.evidence.errors import EvidenceError
-
-from . import logscan
 
 # ---------------------------------------------------------------------------------------------
 # what a parsed dump holds
@@ -143,7 +142,7 @@ _GDB_PROMPT = re.compile(r"^\(gdb\)")
 # popular all-threads recipe. faulthandler's ``line N in f`` (no comma) is _FH_FRAME.
 _TB_FRAME = re.compile(r'^[ \t]*File:? "(?P<file>[^"\n]+)", line (?P<line>\d+), in (?P<func>\S.*?)\s*$')
 _TB_HEAD = re.compile(r"^(?:Traceback|Stack) \(most recent call (?P<order>first|last)\):\s*$")
-_TB_EXC = logscan._EXC_LINE  # an exception line exactly as the log reader sees one
+_TB_EXC = EXC_LINE  # an exception line exactly as the log reader sees one
 _TB_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 #: recipe headers: ``# Thread: MainThread(1407...)``, ``# ThreadID: 1407...``
 _TB_THREAD = re.compile(r"^#\s*Thread(?:ID)?\s*:\s*(?P<rest>.*?)\s*$", re.I)

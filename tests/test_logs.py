@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from doctor.probes import logs as L
 from doctor.probes import logscan as S
+from doctor.probes.common.text import strip_prefixes
 from typer.testing import CliRunner
 
 from doctor.cli import app
@@ -70,7 +71,7 @@ def test_library_loads_with_unique_ids_and_examples():
 @pytest.mark.parametrize("sig", LIB.signatures, ids=lambda s: s.id)
 def test_every_example_matches_its_signature_through_the_scanner(sig, tmp_path):
     for ex in sig.examples:
-        body, _ = S._strip_prefixes(ex)
+        body, _ = strip_prefixes(ex)
         assert sig in LIB.candidates(body), f"prefilter drops: {ex!r}"
         assert sig.regex.search(body), f"regex misses: {ex!r}"
         scan = scan_lines(tmp_path, [ex])
@@ -138,7 +139,7 @@ def test_messages_wrapped_at_a_terminal_width_are_still_recognized(rel, tmp_path
     want = {k for k, n in _kinds(src).items() if n}
     lines = []
     for ln in src.read_text(errors="replace").splitlines():
-        body, _ = S._strip_prefixes(ln)
+        body, _ = strip_prefixes(ln)
         if S.library().candidates(body):  # an evidence line: paste it wrapped
             lines += textwrap.wrap(body, 60, break_on_hyphens=False)
     pasted = tmp_path / "pasted.txt"

@@ -15,10 +15,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from doctor.engine import celpaths
+
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
-_CHAIN = re.compile(r"(?<![\w.\])])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(\s*\()?")
-_BIND = re.compile(r"([A-Za-z_][\w.]*)\.(?:exists|all|exists_one|filter|map)\(\s*([A-Za-z_]\w*)\s*,")
-_MACROS = {"exists", "all", "exists_one", "filter", "map"}
 
 
 def cel():
@@ -33,48 +32,19 @@ def compile_expr(src: str) -> Any:
     return cel().compile(src)
 
 
-def referenced_paths(src: str) -> tuple[set[str], dict[str, str]]:
-    """Dotted fact paths an expression reads, and the comprehension variables it binds.
-
-    Strings are blanked first so ``"a.b"`` is not taken for a path. A chain followed by ``(`` is a
-    method call, so its last part is dropped. Bound variables map to ``<path>[]``.
-    """
-    code = _STRING.sub('""', src)
-    binds: dict[str, str] = {}
-    for recv, var in _BIND.findall(code):
-        binds[var] = recv + "[]"
-    paths: set[str] = set()
-    for chain, call in _CHAIN.findall(code):
-        parts = chain.split(".")
-        if call:
-            parts = parts[:-1]
-        if len(parts) >= 1:
-            paths.add(".".join(parts))
-    return paths, binds
-
-
-def resolve_binding(path: str, binds: dict[str, str], depth: int = 0) -> str:
-    """Rewrite ``g.state`` to ``stacks.groups[].state`` when ``g`` is bound by a macro."""
-    head, _, rest = path.partition(".")
-    if head not in binds or depth > 8:
-        return path
-    base = resolve_binding(binds[head].removesuffix("[]"), binds, depth + 1) + "[]"
-    return base + ("." + rest if rest else "")
-
-
 def check_paths(src: str, schema: dict[str, str], namespaces: set[str]) -> list[str]:
-    """Problems with the fact paths in ``src`` (unknown namespace or field); empty when fine."""
-    paths, binds = referenced_paths(src)
-    problems = []
+    """Problems with the fact paths in ``src`` (unknown namespace or field); empty when fine.
+
+    The paths come from a real parse of the expression (``celpaths``), so a typo after an index
+    (``groups[0].stat``) or a macro result (``filter(...)[0].feilds``) is caught too. An
+    expression the checker cannot parse is left to the CEL compiler's own error.
+    """
+    try:
+        paths = celpaths.fact_paths(src, namespaces)
+    except celpaths.CelSyntaxError:
+        return []
     known, maps = _schema_index(tuple(schema.items()))
-    for raw in sorted(paths):
-        head = raw.split(".", 1)[0]
-        path = resolve_binding(raw, binds) if head in binds else raw
-        if path.split(".", 1)[0].removesuffix("[]") not in namespaces:
-            continue  # bound to an expression we cannot follow, or a CEL builtin: lenient
-        if not _path_known(path, known, maps):
-            problems.append(f"unknown fact path {path!r}")
-    return problems
+    return [f"unknown fact path {p!r}" for p in sorted(paths) if not _path_known(p, known, maps)]
 
 
 @lru_cache(maxsize=8)
@@ -91,15 +61,18 @@ def _schema_index(items: tuple[tuple[str, str], ...]) -> tuple[frozenset[str], f
     return frozenset(known), maps
 
 
+def _bare(path: str) -> str:
+    while path.endswith("[]"):
+        path = path[:-2]
+    return path
+
+
 def _path_known(path: str, known: frozenset[str], maps: frozenset[str]) -> bool:
-    if path in known or path + "[]" in known:
+    """Documented, or under a path typed as an open map / any (whose keys are data)."""
+    if path in known or path + "[]" in known or _bare(path) in known:
         return True
     parts = path.split(".")
-    for i in range(1, len(parts)):
-        prefix = ".".join(parts[:i])
-        if prefix in maps or prefix.removesuffix("[]") in maps:
-            return True
-    return False
+    return any(_bare(".".join(parts[:i])) in maps for i in range(1, len(parts)))
 
 
 _IDENT = re.compile(r"(?<![\w.])([A-Za-z_]\w*)")

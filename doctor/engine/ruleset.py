@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from doctor.engine import celexpr
+from doctor.engine import celexpr, celpaths
 from doctor.engine import facts as facts_mod
 from doctor.engine.rule import Rule, RuleResult, evaluate, load_rules
 from doctor.evidence import plugins
@@ -32,8 +32,11 @@ def used_keys(rules: list[Rule], namespaces: set[str]) -> dict[str, set[str] | N
         sources = list(rule.expressions().values())
         paths: set[str] = set(rule.requires)
         for src in sources:
-            raw, binds = celexpr.referenced_paths(src)
-            paths |= {celexpr.resolve_binding(p, binds) if p.split(".", 1)[0] in binds else p for p in raw}
+            try:
+                raw = celpaths.fact_paths(src, namespaces)
+            except celpaths.CelSyntaxError:  # the compiler rejects it at load; nothing to convert
+                raw = set()
+            paths |= raw
             # A bare namespace name (``has(gpu)``, ``size(env)``) needs all of it.
             for word in set(celexpr.identifiers(src)) & namespaces:
                 if not any(p.split(".", 1)[0] == word for p in raw):

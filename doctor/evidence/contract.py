@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,22 +24,41 @@ _DUMP_RANK_RE = re.compile(r"(?:^|[_-])dump_(\d{1,6})$")
 _HOST_RE = re.compile(r"(?:^|[^a-z0-9])((?:node|host|gpu-?node|worker|compute)[-_]?\d{1,5}[a-z0-9-]*)", re.I)
 
 
+#: Control bytes that do not occur in text (tab, newlines, form feed and ESC are text).
+_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13, 27))
+
+
 @dataclass(frozen=True)
 class Sample:
-    """The start of a file, enough to recognize its kind without reading it all."""
+    """The start of a file, enough to recognize its kind without reading it all.
+
+    The dispatcher reads it once and every probe's ``sniff`` sees the same object, so what
+    several sniffers derive from it (the decoded text, its lines) is computed once and cached.
+    """
 
     path: Path
     name: str
     raw: bytes
     size: int
 
-    @property
+    @cached_property
     def text(self) -> str:
         return self.raw.decode("utf-8", errors="replace")
+
+    @cached_property
+    def lines(self) -> list[str]:
+        """``text.splitlines()``; treat as read-only (it is shared by every sniffer)."""
+        return self.text.splitlines()
 
     @property
     def is_binary(self) -> bool:
         return b"\x00" in self.raw[:4096] and not self.raw.startswith(b"\x80")
+
+    @cached_property
+    def control_share(self) -> float:
+        """Share of control bytes in the first 8 KiB (NULs dropped): high for binary formats."""
+        head = self.raw[:8192].replace(b"\x00", b"")
+        return (len(head) - len(head.translate(None, _CONTROL))) / len(head) if head else 0.0
 
     @classmethod
     def read(cls, path: Path) -> Sample:

@@ -2,7 +2,7 @@
 
 It keeps the real binding's ``NVMLError`` classes and constants (nvidia-ml-py is a dependency), so
 the probe sees exactly the exceptions a real driver raises: ``NVMLError_NotSupported`` for a field
-a GPU lacks, ``NVMLError_NoPermission`` in a locked-down container, ``NVMLError_GPUIsLost`` for a
+a GPU lacks, ``NVMLError_NoPermission`` in a locked-down container, ``NVMLError_GpuIsLost`` for a
 GPU that fell off the bus. Each device is a dict of NVML-shaped values (mW, bytes, bitmasks);
 a list value is consumed one element per call (the last repeats), which is how sampling tests see
 clocks move.
@@ -35,6 +35,13 @@ def device(**over: Any) -> dict[str, Any]:
     return d
 
 
+def _error(code: int) -> pynvml.NVMLError:
+    """The error a real call failing with ``code`` raises: pynvml's ``_nvmlCheckReturn`` raises
+    ``NVMLError(code)``, whose constructor returns the named subclass (``NVMLError_NotSupported``
+    for NOT_SUPPORTED, ...), and the plain ``NVMLError`` for a code without one."""
+    return pynvml.NVMLError(code)
+
+
 class _Obj:
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
@@ -43,9 +50,10 @@ class _Obj:
 class FakeNvml(types.ModuleType):
     """``FakeNvml(devices, fail={"nvmlDeviceGetPowerUsage": {0: pynvml.NVML_ERROR_NOT_SUPPORTED}})``.
 
-    ``fail`` maps a function name to {device index or None (every device / no device): error code}.
-    ``lost`` lists device indexes on which every call raises GPU_IS_LOST. ``init_error`` makes
-    ``nvmlInit`` fail with that code.
+    ``fail`` maps a function name to {device index or None (every device / no device): error code};
+    the call raises that code's named error class, as the real binding does. ``lost`` lists device
+    indexes on which every call raises ``NVMLError_GpuIsLost``. ``init_error`` makes ``nvmlInit``
+    fail with that code.
     """
 
     def __init__(self, devices: list[dict[str, Any]], fail: dict[str, dict[int | None, int]] | None = None,
@@ -77,11 +85,11 @@ class FakeNvml(types.ModuleType):
     def _check(self, fn: str, idx: int | None) -> dict[str, Any] | None:
         self.calls[fn] = self.calls.get(fn, 0) + 1
         if idx is not None and idx in self.lost:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            raise pynvml.NVMLError_GpuIsLost()
         rules = self.fail.get(fn, {})
         code = rules.get(idx, rules.get(None))
         if code is not None:
-            raise pynvml.NVMLError(code)
+            raise _error(code)
         return self.devices[idx] if idx is not None else None
 
     @staticmethod
@@ -98,7 +106,7 @@ class FakeNvml(types.ModuleType):
     def nvmlInit(self) -> None:
         self.calls["nvmlInit"] = self.calls.get("nvmlInit", 0) + 1
         if self.init_error is not None:
-            raise pynvml.NVMLError(self.init_error)
+            raise _error(self.init_error)
         self.inited += 1
 
     def nvmlShutdown(self) -> None:
@@ -265,7 +273,7 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         d = self._check("nvmlDeviceGetNvLinkState", h)
         if link >= d["nvlink_links"]:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED if link == 0 else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            raise pynvml.NVMLError_NotSupported() if link == 0 else pynvml.NVMLError_InvalidArgument()
         return 1
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
@@ -288,7 +296,7 @@ class FakeNvml(types.ModuleType):
             if idx in self._registered:
                 self._pending_xids.pop(n)
                 return _Obj(device=idx, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        raise pynvml.NVMLError_Timeout()
 
     def nvmlEventSetFree(self, event_set: str) -> None:
         self._check("nvmlEventSetFree", None)

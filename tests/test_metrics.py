@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from doctor.probes import metrics as M
-from doctor.probes.metrics_detect import Params
+from doctor.probes.metrics.detect import Params
+from doctor.probes.metrics.readers import csv as metrics_csv
 
 from doctor.engine import facts as facts_mod
 from doctor.evidence.contract import Hints, Sample
@@ -407,10 +408,10 @@ def test_csv_read_in_parallel_ranges_equals_one_range(tmp_path: Path, monkeypatc
     body[120] = "x" + body[120][body[120].index(","):]  # a step that is not a number
     p = tmp_path / "metrics.csv"
     p.write_text("\n".join([head] + body))  # no newline at the end
-    monkeypatch.setattr(M, "CSV_RANGE_BYTES", 2048)
-    assert len(M._csv_ranges(p, len(head) + 1, p.stat().st_size)) > 8
+    monkeypatch.setattr(metrics_csv, "CSV_RANGE_BYTES", 2048)
+    assert len(metrics_csv._csv_ranges(p, len(head) + 1, p.stat().st_size)) > 8
     many = M.read_csv(p, "metrics.csv", Hints())
-    monkeypatch.setattr(M, "CSV_RANGE_BYTES", 2**40)
+    monkeypatch.setattr(metrics_csv, "CSV_RANGE_BYTES", 2**40)
     one = M.read_csv(p, "metrics.csv", Hints())
     assert len(many) == len(one) == 1
     a, b = many[0], one[0]
@@ -430,7 +431,7 @@ def test_long_csv_values_kept_as_float32_give_the_same_diagnosis(run, tmp_path, 
         M.to_table(M.load_series([src])).to_csv(tmp_path / "metrics.csv", index=False)
         src = tmp_path / "metrics.csv"
     full = metrics_of(src)
-    monkeypatch.setattr(M, "CSV_FLOAT32_ROWS", 10)
+    monkeypatch.setattr(metrics_csv, "CSV_FLOAT32_ROWS", 10)
     series = M.read_csv(src, src.name, Hints())
     assert all(s.cols["loss"].dtype == np.float32 for s in series if "loss" in s.cols)
     assert all(s.cols[m].dtype == np.float64 for s in series for m in ("step_time", "data_time") if m in s.cols)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from doctor.probes import samples as sp
-from doctor.probes import timeshare as ts
+from doctor.probes.samples import profiles
+from doctor.probes.samples import timeshare as ts
 
 from doctor.evidence.contract import Hints
 from doctor.evidence.errors import EvidenceError
@@ -80,7 +81,7 @@ def test_raw_profile_with_threads_keeps_the_main_thread():
     inner = [s[0] for s in main.stacks]  # innermost first
     assert any(f[0].endswith("_augment") for f in inner), "rank 3's main thread should be in its dataset code"
     helpers = [t for t in pf.threads if t is not main]
-    assert all(any(sp._is_bootstrap(f) for s in t.stacks for f in s) for t in helpers)
+    assert all(any(profiles._is_bootstrap(f) for s in t.stacks for f in s) for t in helpers)
 
 
 def test_raw_and_speedscope_without_thread_ids_read_the_same_way():
@@ -89,7 +90,7 @@ def test_raw_and_speedscope_without_thread_ids_read_the_same_way():
     pf = sp.parse_raw((fmt / "healthy-rank0-nothreads.txt").read_text(), "x")
     assert not pf.thread_ids
     main = sp.main_thread(pf)
-    assert main is not None and not any(sp._is_bootstrap(f) for s in main.stacks for f in s)
+    assert main is not None and not any(profiles._is_bootstrap(f) for s in main.stacks for f in s)
     doc = json.loads((fmt / "healthy-rank0.speedscope.json").read_text())
     ss = sp.parse_speedscope(doc, "x")
     smain = sp.main_thread(ss)

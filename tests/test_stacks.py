@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from doctor.probes import stacks as S
-from doctor.probes import stackstate as ss
+from doctor.probes.stacks import classify as ss
+from doctor.probes.stacks import live, summary
 
 from doctor.engine import facts as facts_mod
 from doctor.evidence import plugins
@@ -307,7 +308,7 @@ def test_log_with_an_embedded_dump_is_left_to_the_log_reader():
     log = needs(FIXTURES / "gpu" / "h200" / "bench" / "run2-console.txt")
     assert not PROBE.sniff(Sample.read(log))
     procs, _ = S.parse_text(log.read_text())
-    d = S._to_dump(procs[0], 0, log.name)
+    d = summary.to_dump(procs[0], 0, log.name)
     assert (d.main.state, d.main.op) == ("cuda_sync", "cuStreamSynchronize")  # .item() on an H200
     assert d.main.top.startswith("stuck (capture_jobs.py:")
 
@@ -736,7 +737,7 @@ def test_collect_skips_and_fails_with_reasons(tmp_path):
 def test_failure_messages_become_advice():
     msg = "Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'"
     assert S.classify_failure(1, msg, os.getpid())[0] == "permission"
-    assert "CAP_SYS_PTRACE" in S._ADVICE["permission"] and "ptrace_scope" in S._ADVICE["permission"]
+    assert "CAP_SYS_PTRACE" in live._ADVICE["permission"] and "ptrace_scope" in live._ADVICE["permission"]
     assert S.classify_failure(1, "Error: Failed to find python version from target process",
                               os.getpid())[0] == "unsupported"
 

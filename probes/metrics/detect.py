@@ -2,7 +2,7 @@
 
 Input is one :class:`Series` per run/rank/file (numpy arrays in logging order, so a resume that
 sends the step counter backwards stays visible); output is a small, JSON-shaped summary and a
-list of events that ``probes/metrics.py`` turns into ``metrics.*`` facts.
+list of events that the ``metrics`` probe (``summarize``) turns into ``metrics.*`` facts.
 
 Every detector is vectorised (numpy, blocks of ``window`` points) so ten million rows take well
 under a second; exact per-point work is only done around the few candidate events. Thresholds
@@ -123,7 +123,8 @@ def _f(x: Any, nd: int = 6) -> float | None:
     return float(f"{x:.{nd}g}")
 
 
-def _fmt(x: float | None) -> str:
+def format_number(x: float | None) -> str:
+    """A number for a readable line: 4 significant digits read well and keep a finding short."""
     if x is None:
         return "nan"
     if isinstance(x, float) and math.isinf(x):
@@ -575,7 +576,7 @@ def restarts(s: Series, p: Params) -> list[dict[str, Any]]:
         for i in back[: p.max_events]:
             out.append({"kind": "data_restart", "step": int(ss[i]), "from_step": int(ss[i - 1]),
                         "detail": f"{'epoch' if m == 'epoch' else 'consumed samples'} went back from "
-                                  f"{_fmt(_f(v[i - 1]))} to {_fmt(_f(v[i]))}"})
+                                  f"{format_number(_f(v[i - 1]))} to {format_number(_f(v[i]))}"})
     for mk in s.marks:
         if mk.get("kind") == "restart":
             out.append({"kind": "resume", "step": int(mk["step"]), "from_step": int(mk.get("from_step", -1))})
@@ -718,17 +719,17 @@ def _link(res: dict[str, Any], p: Params) -> None:
     # Context: what changed shortly before each loss event.
     changes: list[tuple[int, str]] = []
     for j in res.get("lr_jumps", []):
-        changes.append((j["step"], f"learning rate jumped {_fmt(j['ratio'])}x ({_fmt(j['from'])} -> {_fmt(j['to'])}) at step {j['step']}"))
+        changes.append((j["step"], f"learning rate jumped {format_number(j['ratio'])}x ({format_number(j['from'])} -> {format_number(j['to'])}) at step {j['step']}"))
     for r in res.get("restarts", []):
         if r["kind"] == "resume":
             changes.append((r["step"], f"resumed from a checkpoint at step {r['step']} (the step counter went back from {r['from_step']})"))
         else:
             changes.append((r["step"], f"data order restarted at step {r['step']} ({r.get('detail', '')})"))
     if gn and gn.get("explosion"):
-        changes.append((gn["explosion_step"], f"grad norm exploded at step {gn['explosion_step']} ({_fmt(gn.get('explosion_ratio'))}x its trailing median)"))
+        changes.append((gn["explosion_step"], f"grad norm exploded at step {gn['explosion_step']} ({format_number(gn.get('explosion_ratio'))}x its trailing median)"))
     ls = res.get("loss_scale") or {}
     if ls.get("collapsed"):
-        changes.append((ls["collapse_step"], f"fp16 loss scale began collapsing at step {ls['collapse_step']} (down to {_fmt(ls.get('min'))} at step {ls.get('min_step')})"))
+        changes.append((ls["collapse_step"], f"fp16 loss scale began collapsing at step {ls['collapse_step']} (down to {format_number(ls.get('min'))} at step {ls.get('min_step')})"))
 
     def context(step: int, exclude: str = "") -> list[str]:
         lo = step - p.context_steps

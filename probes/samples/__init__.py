@@ -11,8 +11,8 @@ main threads stood on (``loss.item()`` is a C call: only the caller's line says 
 
 Offline it reads py-spy ``record -f raw`` files (with or without ``--threads``), py-spy
 speedscope JSON, its own window JSON, and the step-timing JSONL of the in-job helper
-(``doctor.torch``). ``build`` classifies every main-thread sample (``doctor.probes.timeshare``, on the
-frame tables of ``doctor.probes.stackstate``), gives per-rank time shares that add up to 1, and finds
+(``doctor.torch``). ``build`` classifies every main-thread sample (``doctor.probes.samples.timeshare``, on the
+frame tables of ``doctor.probes.stacks.classify``), gives per-rank time shares that add up to 1, and finds
 the straggler: the rank that computes while the others wait for it in collectives, and why.
 """
 
@@ -20,20 +20,29 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.probes import timeshare as ts
+from doctor.probes.samples import timeshare as ts
+from doctor.probes.samples.live import PYSPY_DONE, failure, find_pyspy, source_lines
+from doctor.probes.samples.profiles import (
+    PROC_HDR,
+    RAW_LINE,
+    THREAD_HDR,
+    ProfileFile,
+    ThreadSamples,
+    main_thread,
+    parse_frame,
+    parse_raw,
+    parse_speedscope,
+)
+from doctor.probes.samples.steps import STEPS_SCHEMA, parse_steps, summarize_steps
 
 from doctor.evidence.contract import (
     CollectContext,
@@ -46,343 +55,17 @@ from doctor.evidence.contract import (
     set_world_size,
 )
 from doctor.evidence.errors import EvidenceError
-from doctor.evidence.redact import scrub
+
+#: Names other evidence kinds and the tests read from the probe's package.
+__all__ = ["PROBE", "ProfileFile", "SamplesProbe", "ThreadSamples", "main_thread", "parse_frame", "parse_raw",
+           "parse_speedscope", "parse_steps", "summarize_steps"]
 
 META_SCHEMA = "mldoctor.samples/1"
-STEPS_SCHEMA = "mldoctor.steps/1"
 DEFAULT_RATE = 50  # Hz: py-spy's default is 100; 50 keeps the sampler's own CPU use small
 DEFAULT_DURATION = 10.0
-MAX_LINES = 400  # source lines kept per rank
-MAX_SOURCE_BYTES = 4 * 2**20
 NOTABLE_SHARE = 0.05  # a rank is listed under samples.notable[cat] from this share up
-
-_THREAD_HDR = re.compile(r"^thread \((0x[0-9A-Fa-f]+|\d+)\)(?:: ?(.*))?$")
-_PROC_HDR = re.compile(r"^process (\d+):?(.*)$")
-_RAW_LINE = re.compile(r"^(.*\)) (\d+)$")
-_PYSPY_DONE = re.compile(r"Samples: (\d+) Errors: (\d+)")
 _WINDOW = re.compile(r"samples-r(\d+)-")
-_SPEEDSCOPE_NAME = re.compile(r"(?:Process (\d+) )?Thread (0x[0-9A-Fa-f]+|\d+)(?: \"(.*)\")?")
 
-Frame = tuple  # (name, file, line, native), as doctor.probes.stackstate wants
-
-
-@lru_cache(maxsize=1 << 16)
-def parse_frame(text: str) -> Frame | None:
-    """``name (file:line)`` or ``name (lib)`` as py-spy writes it; None for anything else."""
-    if not text.endswith(")"):
-        return None
-    idx = text.rfind(" (")
-    if idx <= 0:
-        return None
-    name, inner = text[:idx], text[idx + 2:-1]
-    file, sep, line = inner.rpartition(":")
-    if not (sep and line.isdigit()):
-        file, line = inner, "0"
-    native = not (file.endswith((".py", ".pyw", ".pyx")) or file.startswith("<"))
-    return (sys.intern(name), sys.intern(file), int(line), native)
-
-
-@dataclass
-class ThreadSamples:
-    """One thread of one process: its stacks (innermost first) and counts."""
-
-    tid: str
-    name: str = ""
-    pid: int | None = None
-    stacks: dict[tuple[Frame, ...], int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return sum(self.stacks.values())
-
-
-@dataclass
-class ProfileFile:
-    """A parsed sampling profile: threads, and what the file said about itself."""
-
-    fmt: str  # raw | speedscope
-    threads: list[ThreadSamples]
-    thread_ids: bool  # the file separates threads (py-spy --threads / speedscope)
-    notes: list[str] = field(default_factory=list)
-
-
-def _is_bootstrap(fr: Frame) -> bool:
-    return (not fr[3]) and fr[1].endswith("threading.py") and fr[0].endswith(("_bootstrap", "_bootstrap_inner"))
-
-
-def parse_raw(text: str, rel: str) -> ProfileFile:
-    """py-spy ``record -f raw`` (flamegraph.pl's collapsed format): ``a;b;c COUNT`` per line."""
-    threads: dict[tuple[int | None, str], ThreadSamples] = {}
-    bad = good = 0
-    with_ids = False
-    for ln in text.splitlines():
-        ln = ln.rstrip()
-        if not ln:
-            continue
-        m = _RAW_LINE.match(ln)
-        if not m:
-            bad += 1
-            continue
-        parts = m.group(1).split(";")
-        pid: int | None = None
-        tid, tname = "", ""
-        i = 0
-        while i < len(parts):
-            pm = _PROC_HDR.match(parts[i])
-            tm = _THREAD_HDR.match(parts[i]) if not pm else None
-            if pm:
-                pid = int(pm.group(1))
-            elif tm:
-                tid, tname, with_ids = tm.group(1), (tm.group(2) or "").strip(), True
-            else:
-                break
-            i += 1
-        frames = []
-        for p in parts[i:]:
-            fr = parse_frame(p)
-            if fr is None:
-                break
-            frames.append(fr)
-        else:
-            good += 1
-            key = (pid, tid)
-            th = threads.get(key)
-            if th is None:
-                th = threads[key] = ThreadSamples(tid, tname, pid)
-            stack = tuple(reversed(frames))
-            th.stacks[stack] = th.stacks.get(stack, 0) + int(m.group(2))
-            continue
-        bad += 1
-    if not good:
-        raise EvidenceError(rel, "no py-spy raw sample lines ('frame;frame;... COUNT') found")
-    notes = [f"{bad} line(s) that are not samples were skipped"] if bad else []
-    if not with_ids:
-        threads = _split_unnamed(threads)
-    return ProfileFile("raw", list(threads.values()), with_ids, notes)
-
-
-def _split_unnamed(threads: dict[tuple[int | None, str], ThreadSamples]) -> dict[tuple[int | None, str], ThreadSamples]:
-    """Without ``--threads`` all threads share one bag: stacks rooted in threading's bootstrap
-    belong to helper threads, the rest to the main thread."""
-    out: dict[tuple[int | None, str], ThreadSamples] = {}
-    for (pid, _tid), th in threads.items():
-        main = out.setdefault((pid, "main"), ThreadSamples("main", "MainThread", pid))
-        other = out.setdefault((pid, "helpers"), ThreadSamples("helpers", "helper threads", pid))
-        for stack, n in th.stacks.items():
-            dest = other if any(_is_bootstrap(f) for f in stack[-3:]) else main
-            dest.stacks[stack] = dest.stacks.get(stack, 0) + n
-    return {k: v for k, v in out.items() if v.stacks}
-
-
-def parse_speedscope(doc: dict[str, Any], rel: str) -> ProfileFile:
-    """py-spy ``record -f speedscope``: one sampled profile per thread, frames shared."""
-    try:
-        frames_in = doc["shared"]["frames"]
-        profiles = doc["profiles"]
-    except (KeyError, TypeError):
-        raise EvidenceError(rel, "speedscope file without shared.frames/profiles") from None
-    table: list[Frame] = []
-    for f in frames_in:
-        if not isinstance(f, dict):
-            raise EvidenceError(rel, "speedscope frame is not an object")
-        file = str(f.get("file") or "")
-        line = int(f.get("line") or 0)
-        native = not (file.endswith((".py", ".pyw", ".pyx")) or file.startswith("<"))
-        table.append((sys.intern(str(f.get("name") or "?")), sys.intern(file), line, native))
-    threads = []
-    for prof in profiles:
-        if not isinstance(prof, dict) or prof.get("type") != "sampled":
-            continue
-        m = _SPEEDSCOPE_NAME.search(str(prof.get("name") or ""))
-        th = ThreadSamples(m.group(2) if m else str(len(threads)), (m.group(3) or "") if m else "",
-                           int(m.group(1)) if m and m.group(1) else None)
-        for sample in prof.get("samples") or []:
-            try:
-                stack = tuple(table[i] for i in reversed(sample))
-            except (IndexError, TypeError):
-                raise EvidenceError(rel, "speedscope sample names a frame that does not exist") from None
-            th.stacks[stack] = th.stacks.get(stack, 0) + 1
-        if th.stacks:
-            threads.append(th)
-    if not threads:
-        raise EvidenceError(rel, "speedscope file has no sampled profile")
-    return ProfileFile("speedscope", threads, True)
-
-
-def main_thread(pf: ProfileFile) -> ThreadSamples | None:
-    """The training loop's thread: named MainThread in the main process (not a DataLoader
-    worker), else the busiest thread whose stacks are not rooted in threading's bootstrap."""
-    def is_worker(th: ThreadSamples) -> bool:
-        return any(not f[3] and f[0].endswith("_worker_loop") and "torch/utils/data/_utils/worker" in f[1]
-                   for s in list(th.stacks)[:20] for f in s)
-
-    cands = [t for t in pf.threads if not is_worker(t)] or pf.threads
-    named = [t for t in cands if t.name == "MainThread"]
-    if named:
-        return max(named, key=lambda t: t.total)
-    rooted = [t for t in cands if not any(s and _is_bootstrap(s[-1]) for s in t.stacks)]
-    pool = rooted or cands
-    return max(pool, key=lambda t: t.total) if pool else None
-
-
-# --- step timings from doctor.torch -----------------------------------------------------------
-
-def parse_steps(path: Path, rel: str, hints: Hints) -> dict[str, Any]:
-    """The helper's JSONL: a header line, then one record per step."""
-    header: dict[str, Any] | None = None
-    recs: list[dict[str, Any]] = []
-    bad = 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for ln in fh:
-            ln = ln.strip()
-            if not ln:
-                continue
-            try:
-                rec = json.loads(ln)
-            except ValueError:
-                bad += 1
-                continue
-            if not isinstance(rec, dict):
-                bad += 1
-            elif rec.get("schema") == STEPS_SCHEMA:
-                header = header or rec
-            elif isinstance(rec.get("step_time"), (int, float)):
-                recs.append(rec)
-    if header is None:
-        raise EvidenceError(rel, f"no {STEPS_SCHEMA} header line")
-    rank = header.get("rank") if isinstance(header.get("rank"), int) else hints.rank
-    return {"type": "steps", "header": header, "records": recs, "bad": bad, "rank": rank}
-
-
-def summarize_steps(data: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-rank and job-wide step-time facts from the helper's records."""
-    by_rank: dict[str, dict[str, Any]] = {}
-    tot_step = tot_data = tot_gc = 0.0
-    phase_tot: dict[str, float] = {}
-    compiles = 0
-    slow_any: dict[str, Any] = {"n_slow": 0, "periodic": False, "interval": 0, "lost_share": 0.0}
-    for d in data:
-        recs = [r for r in d["records"] if r["step_time"] > 0]
-        if not recs:
-            continue
-        rank = d["rank"] if d["rank"] is not None else 0
-        times = [float(r["step_time"]) for r in recs]
-        steps = [int(r.get("step", i)) for i, r in enumerate(recs)]
-        st = sum(times)
-        dt = sum(float(r.get("data_time") or 0.0) for r in recs)
-        gt = sum(float(r.get("gc_time") or 0.0) for r in recs)
-        phases: dict[str, float] = {}
-        for r in recs:
-            for k, v in (r.get("phases") or {}).items():
-                if isinstance(v, (int, float)):
-                    phases[k] = phases.get(k, 0.0) + float(v)
-        comp = max((int(r.get("compiles") or 0) for r in recs), default=0)
-        slow = ts.periodic_slow_steps(steps, times)
-        srt = sorted(times)
-        by_rank[str(rank)] = {
-            "steps": len(recs), "step_time_median": round(statistics.median(times), 6),
-            "step_time_p90": round(srt[min(len(srt) - 1, int(0.9 * len(srt)))], 6),
-            "step_time_max": round(max(times), 6),
-            "data_share": round(dt / st, 4) if st else 0.0, "gc_share": round(gt / st, 4) if st else 0.0,
-            "phase_share": {k: round(v / st, 4) for k, v in phases.items()} if st else {},
-            "compiles": comp, "slow": slow,
-        }
-        tot_step += st
-        tot_data += dt
-        tot_gc += gt
-        compiles = max(compiles, comp)
-        for k, v in phases.items():
-            phase_tot[k] = phase_tot.get(k, 0.0) + v
-        if slow["lost_share"] > slow_any.get("lost_share", 0.0) or (slow["periodic"] and not slow_any["periodic"]):
-            slow_any = dict(slow) | {"rank": rank}
-    if not by_rank:
-        return {}
-    meds = {r: v["step_time_median"] for r, v in by_rank.items()}
-    mid = statistics.median(meds.values())
-    return {
-        "ranks": sorted(int(r) for r in by_rank),
-        "n_steps": sum(v["steps"] for v in by_rank.values()),
-        "step_time_median": round(mid, 6),
-        "slowest_rank": int(max(meds, key=lambda r: meds[r])),
-        "slowest_ratio": round(max(meds.values()) / mid, 3) if mid else 0.0,
-        "data_share": round(tot_data / tot_step, 4) if tot_step else 0.0,
-        "gc_share": round(tot_gc / tot_step, 4) if tot_step else 0.0,
-        "phase_share": {k: round(v / tot_step, 4) for k, v in phase_tot.items()} if tot_step else {},
-        "checkpoint_share": round(sum(v for k, v in phase_tot.items() if "checkpoint" in k or k in ("save", "ckpt")) / tot_step, 4) if tot_step else 0.0,
-        "compiles": compiles,
-        "slow": slow_any,
-        "by_rank": by_rank,
-    }
-
-
-# --- source lines (live) ----------------------------------------------------------------------
-
-def _source_line(pid: int, file: str, line: int, cache: dict[str, list[str] | None]) -> str:
-    """The text of ``file:line`` as the process sees it (its root and cwd), scrubbed; '' if not
-    readable. Only ``.py`` files, only up to MAX_SOURCE_BYTES."""
-    if line <= 0 or not file.endswith(".py"):
-        return ""
-    if file not in cache:
-        cands = [f"/proc/{pid}/root{file}", file] if file.startswith("/") else [f"/proc/{pid}/cwd/{file}"]
-        cache[file] = None
-        for c in cands:
-            try:
-                if os.path.getsize(c) > MAX_SOURCE_BYTES:
-                    break
-                with open(c, encoding="utf-8", errors="replace") as fh:
-                    cache[file] = fh.read().splitlines()
-                break
-            except OSError:
-                continue
-    lines = cache[file]
-    if not lines or line > len(lines):
-        return ""
-    return scrub(lines[line - 1].strip())[:200]
-
-
-def source_lines(pid: int, thread: ThreadSamples | None, cache: dict[str, list[str] | None]) -> dict[str, str]:
-    """Texts of the innermost Python lines of the main thread's stacks, most samples first."""
-    if thread is None:
-        return {}
-    counts: dict[tuple[str, int], int] = {}
-    for stack, n in thread.stacks.items():
-        keys = set()
-        if stack and not stack[0][3]:
-            keys.add((stack[0][1], stack[0][2]))  # the line a running sample stands on
-        site = ts.user_site(stack)  # the user's own line (the report's hot lines)
-        if site:
-            file, _, line = site.rpartition(":")
-            keys.add((file, int(line)))
-        for key in keys:
-            counts[key] = counts.get(key, 0) + n
-    out: dict[str, str] = {}
-    for (file, line), _n in sorted(counts.items(), key=lambda kv: -kv[1])[:MAX_LINES]:
-        text = _source_line(pid, file, line, cache)
-        if text:
-            out[f"{file}:{line}"] = text
-    return out
-
-
-def find_pyspy() -> str | None:
-    """py-spy on PATH, or beside this interpreter (a venv that is not activated)."""
-    found = shutil.which("py-spy")
-    if found:
-        return found
-    beside = Path(sys.executable).with_name("py-spy")
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
-
-
-def _failure(rc: int | None, text: str, pid: int) -> str:
-    low = text.lower()
-    if "permission denied" in low or "operation not permitted" in low:
-        return "permission denied (ptrace): run as the job's user or root, or add CAP_SYS_PTRACE"
-    if not Path(f"/proc/{pid}").exists() or "no such process" in low:
-        return "the process exited during sampling"
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and "py-spy>" not in ln), "")
-    return (first or f"py-spy exited with {rc}")[:200]
-
-
-# --- the probe --------------------------------------------------------------------------------
 
 class SamplesProbe(Probe):
     name: ClassVar[str] = "samples"
@@ -490,11 +173,11 @@ class SamplesProbe(Probe):
         complete = lines[:-1] if len(lines) > 1 and sample.size > len(raw) else lines  # last may be cut
         ok = py = 0
         for ln in complete:
-            m = _RAW_LINE.match(ln.rstrip())
+            m = RAW_LINE.match(ln.rstrip())
             if not m:
                 continue
             parts = m.group(1).split(";")
-            frames = [p for p in parts if not (_THREAD_HDR.match(p) or _PROC_HDR.match(p))]
+            frames = [p for p in parts if not (THREAD_HDR.match(p) or PROC_HDR.match(p))]
             if frames and all(parse_frame(p) is not None for p in frames):
                 ok += 1
                 py += any(".py:" in p for p in frames)
@@ -661,9 +344,9 @@ class SamplesProbe(Probe):
                     results.append((rp, out, False, "py-spy did not finish in time", 0, 0, time.monotonic() - t0))
                     continue
                 msg = text.decode("utf-8", "replace")
-                m = _PYSPY_DONE.search(msg)
+                m = PYSPY_DONE.search(msg)
                 ok = p.returncode == 0 and out.is_file() and out.stat().st_size > 0
-                reason = "" if ok else _failure(p.returncode, msg, rp.pid)
+                reason = "" if ok else failure(p.returncode, msg, rp.pid)
                 results.append((rp, out, ok, reason, int(m.group(1)) if m else 0, int(m.group(2)) if m else 0,
                                 time.monotonic() - t0))
             meta_ranks = []

@@ -4,7 +4,7 @@ A sampling profile (``py-spy record --idle``) is a bag of stacks with counts. Ea
 stack is put into one category (waiting for data, in a collective, forward, backward, the optimizer,
 host-device sync, checkpoint I/O, logging, torch.compile, GC, other waits, idle) and the counts
 become shares of the sampled window, per rank. The frame tables are those of
-``doctor.probes.stackstate`` (the wait states of the hang classifier, plus its ``PHASES`` for running
+``doctor.probes.stacks.classify`` (the wait states of the hang classifier, plus its ``PHASES`` for running
 code); this module only maps them to categories and adds one thing the frames cannot show: the
 source line a sample stands on (``loss.item()`` is a C call, so py-spy's innermost Python frame is
 the caller's line, and only its text says it reads a tensor back to the host).
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from doctor.probes import stackstate as ss
+from doctor.probes.stacks import classify as ss
 
 #: Categories of a main-thread sample, in report order, with what each means.
 CATEGORIES: dict[str, str] = {
@@ -45,9 +45,9 @@ DATA = ("data_wait", "data_fetch")
 BUSY = ("forward", "backward", "optimizer", "compute", "compile")
 WAITING = ("collective", "data_wait", "other_wait", "idle")
 
-#: stackstate io ops that are logging rather than checkpoint/file I/O.
+#: classifier io ops that are logging rather than checkpoint/file I/O.
 LOGGING_IO_OPS = frozenset({"logging", "tensorboard"})
-#: io ops (stackstate) and line ops (below) that are checkpoint writes or reads.
+#: io ops (classifier) and line ops (below) that are checkpoint writes or reads.
 CHECKPOINT_OPS = frozenset({"torch.save", "torch.load", "safetensors", "dcp", "shutil", "fsync",
                             "save_pretrained", "numpy", "h5py"})
 
@@ -108,7 +108,7 @@ def line_category(text: str) -> tuple[str, str] | None:
 
 
 def _from_state(state: str, op: str) -> tuple[str, str] | None:
-    """The category of a stackstate wait state; None for running code (decided by phases)."""
+    """The category of a classifier wait state; None for running code (decided by phases)."""
     if state == "collective":
         return "collective", op or "wait"
     if state == "dataloader_wait":
@@ -138,7 +138,7 @@ _COMPILE_WAITS = frozenset({"lock_wait", "ipc_wait", "sleeping", "io", "unknown"
 
 
 def classify_stack(frames: tuple[ss.Frame, ...], lines: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """(category, op) of one main-thread sample; ``frames`` innermost first, as stackstate wants.
+    """(category, op) of one main-thread sample; ``frames`` innermost first, as the classifier wants.
 
     Order: a wait state decides (a collective, a DataLoader wait, a file write), except that
     generic waits inside torch.compile's compiler are compile time; then for running code compile

@@ -1,0 +1,233 @@
+"""Trainer log lines: HF Trainer dicts, Megatron ``iteration N/M |`` lines, DeepSpeed and apex
+loss-scale messages, Lightning progress bars and ``step N ... loss X`` lines (nanoGPT, llm.c and
+most hand-written loops).
+
+These logs belong to the logs probe; metrics reads them too (``also_sniff``), so the sniffer
+here must say yes only to logs that really carry per-step metrics, not to any log that says "loss".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from doctor.probes.metrics.names import canonical
+from doctor.probes.metrics.rows import LINE_FORMAT_MAX, Rows, parse_number
+
+from doctor.evidence.contract import Hints, Sample
+from doctor.evidence.errors import EvidenceError
+
+if TYPE_CHECKING:
+    from doctor.probes.metrics.detect import Series
+
+_NUMRE = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)"
+_RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|RANK)\s*(\d+)\]\s*:?|(?:rank|RANK)\s*(\d+)(?:/\d+)?\s*[:|]|(\d{1,5}):\s)")
+_MEGATRON = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_HF_DICT = re.compile(r"\{\s*['\"][A-Za-z_][\w/.\- ]*['\"]\s*:")
+_HF_PAIR = re.compile(r"['\"]([A-Za-z_][\w/.\- ]*)['\"]\s*:\s*(" + _NUMRE + r")", re.I)
+_STEP = re.compile(r"(?<![\w/])(?:global[_ ]step|step|iteration|iter|it)\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w.])", re.I)
+_PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_/.\- ]{0,48}?)\s*(?:[:=]\s*|\s+)\[?\s*(" + _NUMRE + r")(\s*ms\b)?", re.I)
+_TQDM = re.compile(r"Epoch\s+(\d+)\s*:.*?\|\s*(\d+)\s*/\s*(\d+)\s*\[[^\]]*?,\s*([^\]]*)\]")
+_KV = re.compile(r"([A-Za-z_][\w/.\-]*)\s*=\s*(" + _NUMRE + r")", re.I)
+_DS_OVERFLOW_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)", re.I)
+_DS_ATTEMPT = re.compile(r"(?:OVERFLOW!|overflow!|Overflow detected).*?Attempted loss scale:\s*(" + _NUMRE + r")(?:,\s*reducing to\s*(" + _NUMRE + r"))?", re.I)
+_DS_REDUCE = re.compile(r"Reducing dynamic loss scale from\s*(" + _NUMRE + r")\s*to\s*(" + _NUMRE + r")", re.I)
+_DS_MIN = re.compile(r"Current loss scale already at minimum", re.I)
+_HF_TOTAL = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
+_HF_EPOCHS = re.compile(r"Num Epochs\s*=\s*([\d,]+)")
+_WORDS = ("loss", "norm", "lr", "learning", "scale", "overflow", "iteration", "step", "epoch")
+#: A cheap byte test run before the line parsers: no such word, no metric line.
+KEY_BYTES = re.compile(rb"[Ll]oss|LOSS|[Oo]verflow|OVERFLOW|grad[_ ]norm")
+
+
+def _line_metrics(body: str) -> tuple[str, int | None, dict[str, float]] | None:
+    """One log line -> (kind, step or None, canonical metrics); None when it holds none."""
+    m = _MEGATRON.search(body)
+    if m:
+        vals: dict[str, float] = {}
+        for part in body[m.end():].split("|"):
+            name, sep, val = part.rpartition(":")
+            if not sep:
+                continue
+            c = canonical(name)
+            if c is None or c[0] in ("step", "rank", "run", "wall"):
+                continue
+            try:
+                v = parse_number(val.split("/")[0])
+            except ValueError:
+                continue
+            vals.setdefault(c[0], v * c[1])
+        return "megatron", int(m.group(1)), vals
+    if _HF_DICT.search(body):
+        keys = dict(_HF_PAIR.findall(body))
+        if "train_runtime" in keys or any(k.startswith("eval_") for k in keys):
+            return None  # the end-of-training summary and evaluation dicts
+        vals, step = {}, None
+        for k, raw in keys.items():
+            c = canonical(k)
+            if c is None:
+                continue
+            if c[0] == "step":
+                step = int(float(raw))
+            elif c[0] not in ("rank", "run", "wall"):
+                vals.setdefault(c[0], parse_number(raw) * c[1])
+        return ("hf", step, vals) if vals else None
+    m = _TQDM.search(body)
+    if m:
+        vals = {}
+        for k, raw in _KV.findall(m.group(4)):
+            c = canonical(k)
+            if c and c[0] not in ("step", "rank", "run", "wall", "epoch"):
+                vals.setdefault(c[0], parse_number(raw) * c[1])
+        if vals:
+            step = int(m.group(1)) * int(m.group(3)) + int(m.group(2))
+            vals["epoch"] = float(m.group(1))
+            return "lightning", step, vals
+        return None
+    m = _STEP.search(body)
+    if m:
+        vals = {}
+        for name, raw, ms in _PAIR.findall(body[m.end():]):
+            c = canonical(name)
+            if c is None or c[0] in ("step", "rank", "run", "wall"):
+                continue
+            try:
+                v = parse_number(raw)
+            except ValueError:
+                continue
+            vals.setdefault(c[0], v * (1e-3 if ms else c[1]))
+        if "loss" in vals or "grad_norm" in vals or "loss_scale" in vals:
+            return "steps", int(m.group(1)), vals
+    return None
+
+
+def _is_metric_line(line: str) -> bool:
+    low = line.lower()
+    if not any(w in low for w in _WORDS):
+        return False
+    if _DS_ATTEMPT.search(line) or _DS_OVERFLOW_ITER.search(line) or _DS_REDUCE.search(line):
+        return True
+    body = _RANK_PREFIX.sub("", line, count=1)
+    return _line_metrics(body) is not None
+
+
+def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
+    """Trainer log lines -> one series per rank prefix (or one for the file)."""
+    size = path.stat().st_size
+    if size > LINE_FORMAT_MAX:
+        raise EvidenceError(rel, f"{size / 2**20:.0f} MiB text log is over the {LINE_FORMAT_MAX // 2**20} MiB "
+                                 "line reader limit; export the metrics as CSV")
+    per_rank: dict[int | None, Rows] = {}
+    ordinal: dict[int | None, int] = {}
+    kinds: dict[int | None, set[str]] = {}
+    hf_total = hf_epochs = None
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        for raw in fh:
+            for line in raw.replace("\r", "\n").split("\n"):
+                if not line:
+                    continue
+                if hf_total is None and "Total optimization steps" in line:
+                    mt = _HF_TOTAL.search(line)
+                    hf_total = int(mt.group(1).replace(",", "")) if mt else None
+                    continue
+                if hf_epochs is None and "Num Epochs" in line:
+                    me = _HF_EPOCHS.search(line)
+                    hf_epochs = int(me.group(1).replace(",", "")) if me else None
+                    continue
+                low = line.lower()
+                if not any(w in low for w in _WORDS):
+                    continue
+                pm = _RANK_PREFIX.match(line)
+                rank = hints.rank
+                body = line
+                if pm:
+                    rank = int(next(g for g in pm.groups() if g is not None))
+                    body = line[pm.end():]
+                rows = per_rank.setdefault(rank, Rows())
+                if _ds_line(body, rows):
+                    kinds.setdefault(rank, set()).add("deepspeed")
+                    continue
+                got = _line_metrics(body)
+                if got is None:
+                    continue
+                kind, step, vals = got
+                kinds.setdefault(rank, set()).add(kind)
+                if step is None:
+                    ordinal[rank] = ordinal.get(rank, 0) + 1
+                    step = ordinal[rank]
+                if kind == "megatron" and vals.get("nan_iters", 0) > 0 and "loss" not in vals:
+                    vals["loss"] = math.nan  # Megatron drops the NaN loss from the line, counts it here
+                rows.add(step, vals)
+    out = []
+    for rank, rows in per_rank.items():
+        if not rows.steps or not any(m in rows.vals for m in ("loss", "grad_norm", "loss_scale", "step_time")):
+            continue
+        step_from = "column"
+        if rank in ordinal:
+            step_from = "line_order"
+            if hf_total and hf_epochs and "epoch" in rows.vals:
+                step_from = _steps_from_epoch(rows, hf_total / hf_epochs) or step_from
+        name = rel if len(per_rank) == 1 or rank is None else f"{rel}[rank{rank}]"
+        fmt = "+".join(sorted(kinds.get(rank, {"text"})))
+        out.append(rows.series(name, rel, f"log:{fmt}", rank=rank, step_from=step_from))
+    if not out:
+        raise EvidenceError(rel, "no training-metric lines (loss, grad norm, loss scale) found")
+    return out
+
+
+def _steps_from_epoch(rows: Rows, steps_per_epoch: float) -> str | None:
+    """HF logs print no step, only a fractional epoch: step = epoch x steps per epoch."""
+    ep = rows.vals.get("epoch", {})
+    if len(ep) != len(rows.steps):
+        return None
+    derived = [round(ep[i] * steps_per_epoch) for i in range(len(rows.steps))]
+    if any(b <= a for a, b in zip(derived, derived[1:], strict=False)) or derived[0] < 1:
+        return None
+    rows.steps = derived
+    return "epoch"
+
+
+def _ds_line(body: str, rows: Rows) -> bool:
+    """DeepSpeed/apex dynamic loss-scale messages: overflow, attempted scale, minimum reached."""
+    if "verflow" not in body and "loss scale" not in body.lower():
+        return False
+    m = _DS_OVERFLOW_ITER.search(body)
+    if m:
+        step = int(m.group(1))
+        rows.marks.append({"kind": "overflow", "step": step})
+        return True
+    m = _DS_ATTEMPT.search(body) or _DS_REDUCE.search(body)
+    if m:
+        step = rows.last_step
+        if rows.marks and rows.marks[-1].get("kind") == "overflow" and rows.marks[-1].get("scale") is None:
+            step = rows.marks[-1]["step"]  # "Grad overflow on iteration N" came first
+            rows.marks[-1]["scale"] = True
+        elif step is not None:
+            rows.marks.append({"kind": "overflow", "step": step, "scale": True})
+        if step is not None:
+            row = rows.row_for(step)
+            rows.put(row, "loss_scale", parse_number(m.group(1)))
+            rows.put(row, "skipped", 1.0)
+        return True
+    if _DS_MIN.search(body):
+        rows.marks.append({"kind": "scale_at_minimum", "step": rows.last_step})
+        return True
+    return False
+
+
+def looks_text(sample: Sample) -> bool:
+    lines = [ln for ln in sample.text.replace("\r", "\n").split("\n")[:2000] if ln.strip()]
+    if not lines:
+        return False
+    # Three metric lines make a training log; a short paste (a few lines copied into a ticket)
+    # counts with two, since every line of it was chosen.
+    need = 2 if len(lines) <= 40 else 3
+    hits = 0
+    for ln in lines:
+        if _is_metric_line(ln):
+            hits += 1
+            if hits >= need:
+                return True
+    return False

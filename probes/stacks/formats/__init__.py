@@ -1,0 +1,116 @@
+"""Every dump format the stacks probe reads, one module each; this module picks the reader per
+launcher stream (a file can interleave ranks) and tells a dump from a log that merely holds one.
+"""
+
+from __future__ import annotations
+
+import re
+
+from doctor.probes.stacks.formats.common import PREFIX, RANK_LINE, rank_from_prefix, split_streams
+from doctor.probes.stacks.formats.faulthandler import (
+    FH_FRAME,
+    FH_NEW_DUMP,
+    FH_OTHER,
+    FH_STACK,
+    SNIFF_FH,
+    parse_faulthandler,
+)
+from doctor.probes.stacks.formats.gdb import (
+    GDB_FRAME,
+    GDB_PROMPT,
+    SNIFF_GDB,
+    SNIFF_GDB_BARE,
+    parse_gdb,
+)
+from doctor.probes.stacks.formats.ide import IDE_FRAME, IDE_OTHER, ide_frames, parse_ide
+from doctor.probes.stacks.formats.pyspy import (
+    PS_PROCESS,
+    SNIFF_PYSPY,
+    SNIFF_PYSPY_FRAME,
+    parse_pyspy_text,
+)
+from doctor.probes.stacks.formats.pyspy_json import parse_json
+from doctor.probes.stacks.formats.traceback import (
+    SNIFF_TB,
+    TB_FRAME,
+    TB_HEAD,
+    TB_THREAD,
+    parse_pytb,
+    pybt_entry,
+    tb_is_exception,
+)
+from doctor.probes.stacks.model import RawProc
+
+JSON_START = re.compile(r"^\s*(\[\s*[\{\]]|\{)")
+
+
+def parse_text(text: str) -> tuple[list[RawProc], list[str]]:
+    """Every process dump in a text file, whatever the format; prefixed streams demultiplexed.
+
+    Exposed for other evidence kinds (a log probe can hand it an embedded faulthandler dump).
+    """
+    notes: list[str] = []
+    lines = text.splitlines()
+    if text and not text.endswith("\n") and lines:
+        # an unterminated last line is a cut-off file: keep it only when it is a whole frame
+        notes.append("file ends mid-line (truncated); parsed what is there")
+    out: list[RawProc] = []
+    streams = split_streams(lines) if text.startswith("[") or "\n[" in text else [(None, lines)]
+    for prefix, stream in streams:
+        rank, local = rank_from_prefix(prefix)
+        joined_head = text[:65536] if prefix is None else "\n".join(stream[:400])
+        if SNIFF_PYSPY.search(joined_head) or any(PS_PROCESS.match(ln) for ln in stream[:50]):
+            procs = parse_pyspy_text(stream, notes)
+        elif SNIFF_FH.search(joined_head):
+            procs = parse_faulthandler(stream, notes)
+        elif SNIFF_GDB.search(joined_head) or SNIFF_GDB_BARE.search(joined_head):
+            procs = parse_gdb(stream, notes)
+        elif SNIFF_TB.search(joined_head) and not tb_is_exception(stream):
+            procs = parse_pytb(stream, notes)
+        elif ide_frames(stream[:400]) >= 2:
+            procs = parse_ide(stream, notes)
+        else:
+            procs = []
+        for p in procs:
+            if rank is not None:
+                p.rank, p.rank_source = rank, "prefix"
+            elif local is not None:
+                p.local_rank = local
+        out.extend(procs)
+    if notes and notes[0].startswith("file ends") and out:
+        out[-1].truncated = True
+    return out, notes
+
+
+def mostly_dump(lines: list[str]) -> bool:
+    """A log with a dump inside belongs to the log reader unless the dump is most of it (seen: a
+    console log of a GPU test run with one py-spy dump among its lines). Indented lines right
+    after a dump line (a wrapped gdb frame, a traceback frame's source line) count with it;
+    markdown fences around a pasted dump count for nothing."""
+    body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("```")]
+    n = 0
+    prev = False
+    for ln in body:
+        prev = _dump_line(ln) or (prev and ln[0] in " \t")
+        n += prev
+    return bool(body) and n >= 0.5 * len(body)
+
+
+def _dump_line(ln: str) -> bool:
+    """Is this line part of a stack dump (py-spy, faulthandler, gdb) rather than other log text?"""
+    m = PREFIX.match(ln)
+    if m:
+        ln = ln[m.end():]
+        ln = ln[1:] if ln.startswith(" ") and not ln.startswith("  File") else ln
+    if ln.startswith("    ") or ln.startswith(("Process ", "Python v", "Parent Process ", "Thread ")):
+        return True  # py-spy frames, locals and headers
+    return bool(FH_FRAME.match(ln) or FH_STACK.match(ln) or FH_NEW_DUMP.match(ln)
+                or GDB_FRAME.match(ln) or ln.startswith(("[New LWP", "[Thread debugging", "[Inferior ", "Current thread "))
+                or RANK_LINE.match(ln) or (FH_OTHER.match(ln) and ln.strip())
+                or GDB_PROMPT.match(ln) or TB_FRAME.match(ln) or TB_HEAD.match(ln.strip())
+                or TB_THREAD.match(ln.strip()) or pybt_entry(ln) is not None
+                or ("!" in ln and IDE_FRAME.match(ln)) or IDE_OTHER.match(ln))
+
+
+__all__ = ["JSON_START", "SNIFF_FH", "SNIFF_GDB", "SNIFF_GDB_BARE", "SNIFF_PYSPY", "SNIFF_PYSPY_FRAME", "SNIFF_TB", "ide_frames",
+           "mostly_dump", "parse_json", "parse_text", "tb_is_exception"]

@@ -1,0 +1,65 @@
+"""Pieces every text reader shares: launcher prefixes (``[rank3]:``) that interleave ranks in
+one file, ``RANK=`` lines, and telling native frames from Python ones.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = re.compile(r"^\[([^\[\]\n]{1,40})\]:")
+_PREFIX_RANK = re.compile(r"^(?:rank)?(\d{1,6})$", re.I)
+_PREFIX_LOCAL = re.compile(r"^[A-Za-z_][\w.-]*?(\d{1,6})$")
+RANK_LINE = re.compile(
+    r"^\s*(?:export\s+)?(?:RANK|SLURM_PROCID|OMPI_COMM_WORLD_RANK|PMI_RANK)\s*[=:]\s*(\d{1,6})\s*$"
+    r"|^\W*\brank\s*[:=#]?\s*(\d{1,6})\W*$", re.I)
+
+
+def is_native_file(file: str) -> bool:
+    return not (file.endswith((".py", ".pyw", ".pyx")) or file.startswith("<"))
+
+
+def clean_native(name: str) -> str:
+    """``c10d::Work::wait(std::chrono...)`` -> ``c10d::Work::wait``; hex addresses stay."""
+    if "(" in name and not name.startswith("("):
+        cut = name.find("(")
+        if cut > 0:
+            name = name[:cut]
+    return name[:200]
+
+
+def split_streams(lines: list[str]) -> list[tuple[str | None, list[str]]]:
+    """Demultiplex launcher-prefixed lines (``[rank3]:``, ``[default0]:``) into one stream per
+    prefix; a file without such prefixes is one stream."""
+    head = lines[:2000]
+    if not any(ln.startswith("[") for ln in head):
+        return [(None, lines)]
+    nonempty = [ln for ln in head if ln.strip()]
+    prefixed = sum(1 for ln in nonempty if ln.startswith("[") and PREFIX.match(ln))
+    if not nonempty or prefixed < 0.3 * len(nonempty):
+        return [(None, lines)]
+    streams: dict[str | None, list[str]] = {}
+    for ln in lines:
+        m = PREFIX.match(ln)
+        if m:
+            streams.setdefault(m.group(1), []).append(ln[m.end():])
+        else:
+            streams.setdefault(None, []).append(ln)
+    # torchrun's tee prefix is "[default0]:", the excepthook's "[rank0]: " (one more space):
+    # drop a space only when every line of the stream has it
+    for key, stream in streams.items():
+        if key is not None and all(ln.startswith(" ") for ln in stream if ln.strip()):
+            streams[key] = [ln[1:] for ln in stream]
+    return list(streams.items())
+
+
+def rank_from_prefix(prefix: str | None) -> tuple[int | None, int | None]:
+    """(global rank, local rank) named by a launcher prefix."""
+    if not prefix:
+        return None, None
+    m = _PREFIX_RANK.match(prefix)
+    if m:
+        return int(m.group(1)), None
+    m = _PREFIX_LOCAL.match(prefix)
+    if m:
+        return None, int(m.group(1))
+    return None, None

@@ -1,4 +1,4 @@
-"""Throughput and memory of the log scanner (probes/logscan.py). Prints, never asserts.
+"""Throughput and memory of the log scanner (probes/logs/scan.py). Prints, never asserts.
 
 Two inputs, both made of real lines from tests/fixtures/logs and tests/fixtures/evidence:
 a dense log (the fixtures' lines repeated up to --mib MiB: step lines, NCCL INFO, recompile
@@ -28,10 +28,10 @@ SOURCES = [
 CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from doctor.probes import logscan
-logscan.library()
+from doctor.probes.logs import scan
+scan.library()
 t = time.perf_counter()
-s = logscan.scan_file(Path(sys.argv[1]), "bench.log")
+s = scan.scan_file(Path(sys.argv[1]), "bench.log")
 print(json.dumps({"s": time.perf_counter() - t, "lines": s.lines,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """

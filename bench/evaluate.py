@@ -159,7 +159,7 @@ def seen_by_rules(url: str, evidence: str = "") -> bool:
     needles = [n for n in (url.rstrip("/") if url.startswith("https://") else "", Path(evidence).name if evidence else "") if n]
     if not needles:
         return False
-    for folder in ("rules", "doctor/signatures", "probes", "playbooks"):
+    for folder in ("rules", "probes/logs/patterns", "probes", "playbooks"):
         for p in (ROOT / folder).rglob("*"):
             if p.is_file() and p.suffix in (".yaml", ".py", ".md", ".txt", ".json"):
                 with contextlib.suppress(OSError):
@@ -697,7 +697,7 @@ def _render_accuracy(acc: dict[str, Any]) -> list[str]:
           "cluster); *external* = NVIDIA's fault-injection flight-recorder dumps (labels from their "
           "`fault_injection.log`); *public* = evidence lines that reporters posted in public issue threads, "
           "labelled with the diagnosis given there (URL per case). A public case counts as *seen while writing rules* "
-          "(\"cited by a rule\" below) when its URL appears in rules/, doctor/signatures/, probes/ or playbooks/, or its "
+          "(\"cited by a rule\" below) when its URL appears in rules/, probes/logs/patterns/, probes/ or playbooks/, or its "
           "evidence file is a rule's test case.", ""]
     misses = [r for r in rows if not r["right"]]
     L += ["### Misses", ""]

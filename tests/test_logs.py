@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 from doctor.probes import logs as L
-from doctor.probes import logscan as S
 from doctor.probes.common.text import strip_prefixes
+from doctor.probes.logs import facts as F
+from doctor.probes.logs import library as LB
+from doctor.probes.logs import scan as S
 from typer.testing import CliRunner
 
 from doctor.cli import app
@@ -65,7 +67,7 @@ def test_library_loads_with_unique_ids_and_examples():
         assert s.means and s.source, s.id
     # Loaded with yaml.safe_load: a YAML tag that would build an object is refused.
     with pytest.raises(Exception):  # noqa: B017 - yaml's ConstructorError
-        S._load_file("evil.yaml", "signatures: !!python/object/apply:os.system ['true']")
+        LB._load_file("evil.yaml", "signatures: !!python/object/apply:os.system ['true']")
 
 
 @pytest.mark.parametrize("sig", LIB.signatures, ids=lambda s: s.id)
@@ -94,7 +96,7 @@ def test_watchdog_lines_with_one_seq_and_two_ops_are_a_mismatch(tmp_path):
     # The library's own examples: rank 3 ALLREDUCE and rank 7 BROADCAST at SeqNum 80078
     # (NVIDIA/nccl#1409 as quoted in hang-diagnosis-anchors.md).
     scan = scan_lines(tmp_path, list(wd.examples[:2]))
-    summary = L._wait_summary(scan.waits)
+    summary = F._wait_summary(scan.waits)
     assert summary["same_seq_ops_differ"] and summary["seqs"] == [80078] and summary["ranks"] == [3, 7]
     assert 1.0 <= summary["max_ran_ratio"] < 1.01
 
@@ -158,7 +160,7 @@ def test_joining_lines_adds_nothing_to_real_unwrapped_logs(monkeypatch):
     assert len(logs) > 15
     with_join = {p: S.scan_file(p, p.name).sig_counts for p in logs}
     monkeypatch.setattr(S, "wraps", lambda prev, cur: False)
-    monkeypatch.setattr(L.logscan, "wraps", lambda prev, cur: False)
+    monkeypatch.setattr(L.scan, "wraps", lambda prev, cur: False)
     for p in logs:
         assert S.scan_file(p, p.name).sig_counts == with_join[p], p
 
@@ -208,10 +210,10 @@ def test_first_failure_prefers_the_specific_error_over_the_exit():
 
 def test_first_failure_orders_by_time_beyond_the_window():
     early = {"priority": 50, "ts": 1000.0, "line": 9, "_fi": 1}
-    late_but_specific = {"priority": 10, "ts": 1000.0 + L.FIRST_FAILURE_WINDOW_S + 5, "line": 1, "_fi": 0}
+    late_but_specific = {"priority": 10, "ts": 1000.0 + F.FIRST_FAILURE_WINDOW_S + 5, "line": 1, "_fi": 0}
     close_and_specific = {"priority": 10, "ts": 1002.0, "line": 1, "_fi": 0}
-    assert L._pick_first([late_but_specific, early]) is early
-    assert L._pick_first([close_and_specific, early]) is close_and_specific
+    assert F._pick_first([late_but_specific, early]) is early
+    assert F._pick_first([close_and_specific, early]) is close_and_specific
 
 
 def test_nested_prefixes_interleaved_tracebacks_and_detail_culprit():
@@ -282,6 +284,24 @@ def test_streaming_a_2gb_sparse_log_keeps_memory_flat(tmp_path):
     lf = out["logs"]
     assert lf["counts"]["gloo_timeout"] == 1 and lf["counts"]["gpu_oom"] == 1  # before and after the hole
     assert lf["first_failure"]["kind"] == "gpu_oom"
+
+
+@pytest.mark.parametrize("gap", [b"\n", b""], ids=["nul_hole_then_line", "nul_hole_inside_line"])
+def test_a_run_of_nuls_before_an_oom_line_does_not_hide_it(gap, tmp_path):
+    """Issue 18 (#13): a hole of NULs before a CUDA OOM line (a crashed node's unflushed pages,
+    or a writer that kept its offset over a truncated log) left the file unclaimed and the
+    verdict healthy. Whether or not a newline ends the hole, the OOM line is found."""
+    oom = next(ln for ln in (LOGS / "gpu_oom" / "torchrun.log").read_bytes().splitlines()
+               if b"torch.OutOfMemoryError: CUDA out of memory" in ln)
+    log = tmp_path / "torchrun.log"
+    log.write_bytes(b"\0" * 100000 + gap + oom + b"\n")
+    assert _sniff(log)
+    lf = logs_facts(tmp_path)["logs"]
+    assert lf["counts"].get("gpu_oom") == 1 and lf["first_failure"]["kind"] == "gpu_oom"
+    assert lf["first_failure"]["rank"] == 1  # the [rank1]: prefix after the hole is still read
+    res = CliRunner().invoke(app, ["diagnose", "--from", str(tmp_path), "--json"])
+    report = json.loads(res.stdout)
+    assert report["verdict"]["state"] != "healthy" and report["findings"][0]["cause"] == "gpu_oom"
 
 
 # -- rules and the verdict ------------------------------------------------------------------

@@ -2,6 +2,11 @@
 
 Heavy imports (the CEL library, pandas, textual, torch) happen inside the commands that need
 them, so ``mldoctor --help`` stays fast. User errors become one line on stderr and exit code 2.
+
+Exit codes: 0 healthy, 1 a problem was found, 2 bad usage or bad input (one line naming the
+file), 3 not enough evidence for a verdict, 4 internal error (a bug in mldoctor: please report
+it; MLDOCTOR_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated (SIGTERM; temporary
+folders are removed on the way out).
 """
 
 from __future__ import annotations
@@ -19,9 +24,14 @@ from doctor.evidence.errors import RuleError, UserError
 if TYPE_CHECKING:
     from doctor.engine.report import Report
 
+#: A bug in mldoctor, as opposed to bad input (2): scripts can tell "fix your input" from "report this".
+EXIT_INTERNAL = 4
+
 app = typer.Typer(
     name="mldoctor",
-    help="Diagnose hung, slow, crashed and diverging PyTorch jobs, live or from saved evidence.",
+    help="Diagnose hung, slow, crashed and diverging PyTorch jobs, live or from saved evidence. "
+         "Exit codes: 0 healthy, 1 problem found, 2 bad input or usage, 3 not enough evidence, "
+         "4 internal error (a bug in mldoctor).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -103,7 +113,9 @@ def diagnose(
         if out is not None and from_ is not None:
             from doctor.render.output import write_outputs
 
-            write_outputs(report, out, from_path=from_, redact_hosts=redact_hosts, logs=logs)
+            written = write_outputs(report, out, from_path=from_, redact_hosts=redact_hosts, logs=logs)
+            if written["md"].parent != out:
+                typer.echo(f"mldoctor: {out} already holds report files; wrote into {written['md'].parent}", err=True)
     except (UserError, RuleError) as exc:
         _fail(str(exc))
         return
@@ -308,7 +320,18 @@ def _ruleset(rules: list[Path]):  # noqa: ANN202
         _fail(str(exc))
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so every ``finally`` removes its temporary folder."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (embedded use): keep the default
+        pass
     try:
         app()
     except (UserError, RuleError) as exc:
@@ -324,7 +347,7 @@ def main() -> None:
             raise
         typer.echo(f"mldoctor: internal error: {type(exc).__name__}: {exc} "
                    "(set MLDOCTOR_DEBUG=1 for the traceback, and please report it)", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

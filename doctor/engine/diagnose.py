@@ -27,8 +27,13 @@ def gather_items(path: Path, logs: list[Path] | None = None) -> tuple[list[facts
         raise UserError(f"{path}: no such file or folder")
     bundle = None
     if Bundle.is_bundle(path):
-        bundle = Bundle.load(path)
-        items = facts_mod.items_from_bundle(bundle)
+        bundle = Bundle.load(path)  # checks the manifest: paths inside, regular files only
+        try:
+            items = facts_mod.items_from_bundle(bundle)
+        except BaseException:  # the unpacked archive must not outlive an error
+            if bundle.unpacked is not None:
+                shutil.rmtree(bundle.unpacked, ignore_errors=True)
+            raise
         source = {"type": "bundle", "path": str(path), "target": bundle.manifest.get("target", {}),
                   "created": bundle.manifest.get("created")}
         probe_runs = list(bundle.manifest.get("probes", []))

@@ -7,6 +7,8 @@ one-line entry in ``evidence.errors``; it never stops the rest.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,8 @@ BASE_SCHEMA: dict[str, str] = {
     "evidence.files": "int: files used",
     "evidence.ignored": "list<string>: files no probe recognized",
     "evidence.errors": "list<string>: one line per file that could not be used",
+    "evidence.incomplete": "bool: some evidence was found and left unread (past a cap): never a healthy verdict",
+    "evidence.unread": "int: entries found and not read (links, FIFOs, unreadable folders, files past the cap)",
     "evidence.probes": "list<map>: live probe runs: name, status (ok|failed|skipped), reason, host",
     "evidence.probes[].name": "string: probe name",
     "evidence.probes[].status": "string: ok | failed | skipped",
@@ -45,12 +49,17 @@ BASE_SCHEMA: dict[str, str] = {
 
 @dataclass
 class Item:
-    """A file to consider as evidence."""
+    """A file to consider as evidence, or (``skip`` set) one that was found and not read."""
 
     path: Path
     rel: str
     kind: str | None = None
     hints: Hints = Hints()
+    #: Why this entry is not read (a symlink, a FIFO, an unreadable folder, the file cap):
+    #: it becomes a line of ``evidence.ignored`` so no evidence is lost without a word.
+    skip: str = ""
+    #: This entry stands for files left unread at the cap: the evidence is incomplete.
+    cut: bool = False
 
 
 def schema() -> dict[str, str]:
@@ -66,24 +75,55 @@ def empty_facts(source: str, symptom: str | None) -> dict[str, Any]:
         "meta": {"schema": FACTS_SCHEMA, "source": source, "symptom": symptom or ""},
         "job": {"world_size": 0, "ranks_seen": [], "n_ranks_seen": 0, "missing_ranks": [], "hosts": [],
                 "rank_hosts": {}, "observed_state": ""},
-        "evidence": {"kinds": [], "files": 0, "ignored": [], "errors": [], "probes": []},
+        "evidence": {"kinds": [], "files": 0, "ignored": [], "errors": [], "probes": [], "unread": 0,
+                     "incomplete": False},
     }
     return facts
 
 
 def items_from_folder(folder: Path) -> list[Item]:
-    """Every regular file under ``folder`` (hidden ones skipped), with hints from its path."""
+    """Every regular file under ``folder`` with hints from its path; hidden entries are left out
+    by design, everything else that is not read (links, FIFOs, devices, unreadable folders, files
+    past the cap) comes back as a skipped item with the reason."""
+    if folder.is_file() and not folder.is_symlink():
+        return [Item(folder, folder.name, None, Hints.from_path(folder.name))]
     items: list[Item] = []
-    base = folder if folder.is_dir() else folder.parent
-    paths = [folder] if folder.is_file() else sorted(folder.rglob("*"))
-    for p in paths:
-        if len(items) >= MAX_LOOSE_FILES:
-            break
-        rel = p.relative_to(base).as_posix()
-        if any(part.startswith(".") for part in Path(rel).parts) or not p.is_file() or p.is_symlink():
-            continue
-        items.append(Item(p, rel, None, Hints.from_path(rel)))
-    return items
+    skipped: list[Item] = []
+    n_files = 0
+
+    def unreadable(err: OSError) -> None:
+        rel = Path(err.filename or folder).relative_to(folder).as_posix() if err.filename else "."
+        skipped.append(Item(Path(err.filename or folder), rel, skip=f"cannot list ({err.strerror or err})"))
+
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=False):
+        base = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for d in dirnames:
+            if (base / d).is_symlink():
+                skipped.append(Item(base / d, (base / d).relative_to(folder).as_posix(),
+                                    skip="symbolic link: not followed"))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            p = base / name
+            rel = p.relative_to(folder).as_posix()
+            try:
+                st = p.lstat()
+            except OSError as exc:
+                skipped.append(Item(p, rel, skip=f"cannot read ({exc.strerror or exc})"))
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                skipped.append(Item(p, rel, skip="symbolic link: not followed"))
+            elif not stat.S_ISREG(st.st_mode):
+                skipped.append(Item(p, rel, skip="not a regular file (FIFO, socket or device): not read"))
+            else:
+                n_files += 1
+                if n_files <= MAX_LOOSE_FILES:
+                    items.append(Item(p, rel, None, Hints.from_path(rel)))
+    if n_files > MAX_LOOSE_FILES:
+        skipped.append(Item(folder, ".", skip=f"{n_files - MAX_LOOSE_FILES} of {n_files} files not read: "
+                                               f"more than {MAX_LOOSE_FILES} in one folder", cut=True))
+    return items + skipped
 
 
 def items_from_bundle(bundle: Bundle) -> list[Item]:
@@ -138,6 +178,13 @@ def build(items: list[Item], source: str, symptom: str | None = None,
     parsed: dict[str, list[Parsed]] = {}
     timing: dict[str, float] = {}
     for item in items:
+        if item.skip:
+            ev["ignored"].append(f"{item.rel} ({item.skip})")
+            ev["unread"] += 1
+            if item.cut:
+                ev["errors"].append(f"{item.rel}: {item.skip}")
+                ev["incomplete"] = True
+            continue
         t0 = time.perf_counter()
         try:
             sample = Sample.read(item.path)  # read once: the owner's sniff and the extra readers share it

@@ -13,6 +13,7 @@ Rules name causes; this module decides what the job *is* when rules and live obs
      healthy;
    - a kind whose evidence still shows trouble (``Probe.unexplained_state``: e.g. log errors no
      rule names): that state, with "no rule names its cause";
+   - part of the evidence left unread (past the loose-file cap): "unknown", never healthy;
    - otherwise healthy (or the observed state, named without a cause).
 
 Why in Python and not in YAML rules: these are not causes (no taxonomy id, no playbook); they
@@ -94,6 +95,10 @@ def verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict[
         what = what if len(what) <= 160 else what[:159].rstrip() + "…"
         return {"state": trouble.get("state") or "unknown", "cause": "",
                 "summary": f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
+    if (facts.get("evidence") or {}).get("incomplete") and observed in ("", "progressing"):
+        return {"state": "unknown", "cause": "",
+                "summary": "No rule fired on what was read, but part of the evidence was left unread "
+                           "(see the evidence errors); diagnose a smaller folder or the files that matter."}
     state = "healthy" if observed in ("", "progressing") else observed
     msg = ("No problem found in the evidence." if state == "healthy"
            else f"The job looks {state}, but no rule names a cause; see the evidence below.")

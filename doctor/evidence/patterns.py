@@ -112,5 +112,4 @@ def every_library() -> list[Path]:
     """Every pattern library shipped with mldoctor (probes' and the TUI's)."""
     probes = Path(str(resources.files("doctor.probes")))
     doctor = Path(str(resources.files("doctor")))
-    return (sorted(probes.glob("*/patterns/*.yaml")) + sorted(doctor.glob("signatures/*.yaml"))
-            + sorted(doctor.glob("tui/*.patterns.yaml")))
+    return sorted(probes.glob("*/patterns/*.yaml")) + sorted(doctor.glob("tui/*.patterns.yaml"))

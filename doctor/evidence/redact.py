@@ -32,10 +32,15 @@ MASK = "[REDACTED]"
 
 # Words that make a key name a secret. ``token`` must not be followed by a letter so that
 # ``max_tokens=4096`` or ``TOKENIZERS_PARALLELISM`` (throughput and config, not secrets) survive.
+# ``pass`` counts only as the last word of a compound key (DB_PASS, smtp.pass), never alone:
+# "forward pass: 0.2 s" is a timing.
 _SECRET_WORD = (
     r"(?:password|passwd|passphrase|secret|token(?![a-z])|api[_-]?key|apikey|access[_-]?key|"
-    r"private[_-]?key|auth(?![a-z])|authorization|credentials?(?![a-z])|session[_-]?key)"
+    r"private[_-]?key|account[_-]?key|shared[_-]?access[_-]?key|auth(?![a-z])|authorization|"
+    r"credentials?(?![a-z])|session[_-]?key|(?<=[_.-])pass(?![a-z]))"
 )
+#: The longest key tail after the secret word (``PASSWORD_FILE_OF_...``) that is still a key.
+_KEY_TAIL = 64
 
 
 def _build(val: str, binary: bool) -> list[tuple[re.Pattern[str], str | None]]:
@@ -44,9 +49,18 @@ def _build(val: str, binary: bool) -> list[tuple[re.Pattern[str], str | None]]:
     Each entry is (pattern, group): the named group is masked, or the whole match when None.
     The binary variant only ever spans printable ASCII so that it cannot eat the framing bytes
     of a pickle or the NULs between ``/proc`` entries.
+
+    Linear time matters as much as coverage: a log line of 50,000 progress dots must not take
+    minutes. So no pattern may start a scan at every character of a long run and scan to its
+    end. Patterns that begin with a character class have a look-behind that excludes that same
+    class (one start per run), runs that need not give characters back are possessive
+    (``*+``), and key tails are bounded. ``tests/test_fuzz.py`` holds the time bound per MB.
     """
     pem_body = r"[ -~\t\r\n]*?" if binary else r".*?"
     pem_open_end = r"[ -~\t\r\n]*" if binary else r".*"
+    # A provider token starts after a non-alphanumeric (``rank0-hf_...`` in a file name counts).
+    # These bodies are long ({20,}), so a run either matches whole or is short: linear either way.
+    tok = r"(?<![A-Za-z0-9])"
     return [
         # PEM private keys (RSA, EC, OPENSSH, ENCRYPTED, PGP ... BLOCK); the header stays visible
         # so a reviewer sees what was removed. An unterminated block is masked to its end.
@@ -55,31 +69,36 @@ def _build(val: str, binary: bool) -> list[tuple[re.Pattern[str], str | None]]:
             + r"(?=-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)|" + pem_open_end + r")",
             re.S), "s"),
         # Provider tokens with recognizable shapes.
-        (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), None),                        # Hugging Face
-        (re.compile(r"\bapi_org_[A-Za-z0-9]{20,}"), None),                   # Hugging Face org
-        (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), None),                 # GitHub
-        (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), None),
-        (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), None),                   # GitLab
-        (re.compile(r"\bsk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,}"), None),  # OpenAI / Anthropic
-        (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), None),                # AWS access key id
-        (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), None),                      # Google API key
-        (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), None),               # Slack
-        (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), None),  # JWT
+        (re.compile(tok + r"hf_[A-Za-z0-9]{20,}+"), None),                  # Hugging Face
+        (re.compile(tok + r"api_org_[A-Za-z0-9]{20,}+"), None),             # Hugging Face org
+        (re.compile(tok + r"gh[pousr]_[A-Za-z0-9]{20,}+"), None),           # GitHub
+        (re.compile(tok + r"github_pat_[A-Za-z0-9_]{20,}+"), None),
+        (re.compile(tok + r"glpat-[A-Za-z0-9_-]{20,}+"), None),             # GitLab
+        (re.compile(tok + r"sk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,}+"), None),  # OpenAI / Anthropic
+        (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"), None),  # AWS access key id
+        (re.compile(tok + r"AIza[0-9A-Za-z_-]{35}"), None),                # Google API key
+        (re.compile(tok + r"xox[abposr]-[A-Za-z0-9-]{10,}+"), None),       # Slack tokens
+        (re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<s>[A-Za-z0-9_/-]++)"), "s"),  # Slack webhooks
+        (re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+"), None),  # JWT
         # URL credentials: scheme://user:pass@host
-        (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@\x00]+:(?P<s>[^\s@/\x00]+)@"), "s"),
+        (re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}+://[^\s:/@\x00]++:(?P<s>[^\s@/\x00]++)@"), "s"),
         # Authorization headers (before key=value, which would otherwise mask only "Bearer").
-        (re.compile(r"\b(?:Bearer|Basic)\s+(?P<s>[A-Za-z0-9._~+/=-]{8,})"), "s"),
+        (re.compile(r"\b(?:Bearer|Basic)\s++(?P<s>[A-Za-z0-9._~+/=-]{8,}+)"), "s"),
+        # aws_secret_access_key VALUE (the AWS CLI's config and `aws configure list` print a space).
+        (re.compile(r"(?<![A-Za-z0-9_])aws_(?:secret_access_key|session_token)[ \t]++(?P<s>(?![=:])" + val + r"++)",
+                    re.I), "s"),
         # Command-line flags with the value as the next argument: --password hunter2, --hf-token X
         # (separated by a space in a shell line, by a NUL in /proc/PID/cmdline).
-        (re.compile(r"(?<![A-Za-z0-9])--?(?:[A-Za-z0-9]+[-_])*" + _SECRET_WORD
-                    + r"[ \t\x00]+(?:\"(?P<dq>[^\"\n\x00]*)\"|'(?P<sq>[^'\n\x00]*)'|(?P<s>(?!-)" + val + r"+))",
+        (re.compile(r"(?<![A-Za-z0-9])--?(?:[A-Za-z0-9]++[-_]){0,8}" + _SECRET_WORD
+                    + r"[ \t\x00]++(?:\"(?P<dq>[^\"\n\x00]*+)\"|'(?P<sq>[^'\n\x00]*+)'|(?P<s>(?!-)" + val + r"++))",
                     re.I), "dq|sq|s"),
-        # key=value / key: value / "key": "value" where the key names a secret.
-        (re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9_.-]*" + _SECRET_WORD + r"[A-Za-z0-9_.-]*\\?[\"']?"
-                    r"[ \t]*[=:][ \t]*(?:\"(?P<dq>[^\"\n\x00]*)\"|'(?P<sq>[^'\n\x00]*)'|\\?[\"']?(?P<s>"
-                    + val + r"+))", re.I), "dq|sq|s"),
+        # key=value / key: value / "key": "value" where the key names a secret. The match starts
+        # at the secret word (anything before it in the key changes nothing that is masked).
+        (re.compile(_SECRET_WORD + r"[A-Za-z0-9_.-]{0," + str(_KEY_TAIL) + r"}+\\?[\"']?"
+                    r"[ \t]*+[=:][ \t]*+(?:\"(?P<dq>[^\"\n\x00]*+)\"|'(?P<sq>[^'\n\x00]*+)'|\\?[\"']?(?P<s>"
+                    + val + r"++))", re.I), "dq|sq|s"),
         # Environment-style keys ending in _KEY (SOME_SERVICE_KEY=...).
-        (re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*_KEY[ \t]*=[ \t]*(?P<s>" + val + r"+)"), "s"),
+        (re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*_KEY[ \t]*+=[ \t]*+(?P<s>" + val + r"++)"), "s"),
     ]
 
 

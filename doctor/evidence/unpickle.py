@@ -18,6 +18,11 @@ How it is enforced, in layers:
 3. The size is capped before anything is read, and the loaded value is walked without recursion
    to cap nesting depth and item count (a pickle can share one list a million times through its
    memo; code that later walks the value would then do a million times the work).
+4. Memory is bounded *before* the load, by the same opcode scan, which now always runs: a memo
+   index must be the next free one (``pickle.dump`` never writes another; the C unpickler
+   allocates 16 bytes per index, so ``LONG_BINPUT 2**28`` in a 79-byte file costs 4 GB), and
+   the opcode and container counts are capped (40 MB of ``EMPTY_DICT`` becomes 3.5 GB). The scan
+   is pure Python (about 6 MB/s); flight-recorder dumps are a few MB.
 
 Every refusal is an :class:`UnpickleError` with a one-line reason.
 """
@@ -33,6 +38,11 @@ from typing import Any
 DEFAULT_MAX_BYTES = 512 * 2**20
 DEFAULT_MAX_DEPTH = 64
 DEFAULT_MAX_ITEMS = 50_000_000
+#: Opcodes and containers a pickle may hold; each object costs 30-100 bytes once loaded.
+DEFAULT_MAX_OPS = 10_000_000
+DEFAULT_MAX_CONTAINERS = 2_000_000
+_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_CONTAINER_OPS = frozenset({"EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "LIST", "DICT", "TUPLE", "FROZENSET"})
 
 # Opcodes that build plain data only. Everything else (GLOBAL, STACK_GLOBAL, INST, OBJ, REDUCE,
 # BUILD, NEWOBJ, NEWOBJ_EX, EXT1/2/4, PERSID, BINPERSID, NEXT_BUFFER, READONLY_BUFFER) is refused.
@@ -71,12 +81,29 @@ def is_pickle(data: bytes) -> bool:
     return len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5
 
 
-def check_opcodes(data: bytes) -> None:
-    """Refuse any opcode outside the plain-data allowlist (or a damaged opcode stream)."""
+def check_opcodes(data: bytes, max_ops: int = DEFAULT_MAX_OPS,
+                  max_containers: int = DEFAULT_MAX_CONTAINERS) -> None:
+    """Refuse any opcode outside the plain-data allowlist, a damaged opcode stream, and
+    anything that would make the load allocate far more than the pickle's size (see 4. above)."""
+    memo = ops = containers = 0
     try:
-        for op, _arg, pos in pickletools.genops(data):
-            if op.name not in SAFE_OPCODES:
-                raise UnpickleError(f"refused: opcode {op.name} at byte {pos} can run code; only plain data is read")
+        for op, arg, pos in pickletools.genops(data):
+            name = op.name
+            if name not in SAFE_OPCODES:
+                raise UnpickleError(f"refused: opcode {name} at byte {pos} can run code; only plain data is read")
+            ops += 1
+            if name in _PUTS:
+                if not isinstance(arg, int) or not 0 <= arg <= memo:
+                    raise UnpickleError(f"refused: memo index {arg} at byte {pos} skips ahead (a memory bomb)")
+                memo += arg == memo
+            elif name == "MEMOIZE":
+                memo += 1
+            elif name in _CONTAINER_OPS:
+                containers += 1
+                if containers > max_containers:
+                    raise UnpickleError(f"refused: more than {max_containers} containers")
+            if ops > max_ops:
+                raise UnpickleError(f"refused: more than {max_ops} opcodes")
     except UnpickleError:
         raise
     except Exception as exc:  # genops raises ValueError on truncated or unknown opcodes
@@ -131,9 +158,8 @@ def safe_loads(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, *, max_depth: in
                max_items: int = DEFAULT_MAX_ITEMS, scan: bool | None = None) -> Any:
     """Load a pickle of plain data; raise :class:`UnpickleError` (one line) for anything else.
 
-    ``scan``: check every opcode against the allowlist first. ``None`` (default) scans only when
-    the process has ``copyreg`` extension codes registered, the one path to an object that
-    ``find_class`` does not guard; the scan costs about ten times the load of a small dump.
+    ``scan``: kept for callers; the opcode scan now always runs, since it is also what bounds
+    memory (a memo index or container bomb is refused before the C unpickler allocates).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise UnpickleError("expected bytes")
@@ -142,8 +168,7 @@ def safe_loads(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, *, max_depth: in
         raise UnpickleError(f"refused: {len(data)} bytes is over the limit of {max_bytes}")
     if not is_pickle(data):
         raise UnpickleError("not a binary pickle (no protocol 2-5 header)")
-    if scan or (scan is None and _extensions_in_use()):
-        check_opcodes(data)
+    check_opcodes(data)
     try:
         # A BufferedReader gives the C unpickler ``peek``, so it reads ahead instead of calling
         # ``read`` once per opcode (5x faster on the protocol-2 dumps torch writes).

@@ -43,7 +43,7 @@ from typing import Any
 from doctor.engine.diagnose import analyze
 from doctor.engine.report import Report
 from doctor.engine.trace import Trace
-from doctor.evidence.bundle import MANIFEST, Bundle, ProbeRun
+from doctor.evidence.bundle import MANIFEST, Bundle, ProbeRun, bad_relpath
 from doctor.evidence.contract import one_line
 from doctor.evidence.errors import UserError
 from doctor.live.common import FOLLOW_UP_ENV, finish
@@ -248,7 +248,7 @@ class Merger:
             for art in man.get("artifacts", []):
                 rel = str(art.get("path", ""))
                 body = files.get(rel)
-                if not rel or rel.startswith("/") or ".." in PurePosixPath(rel).parts or rel == MANIFEST:
+                if bad_relpath(rel) or rel == MANIFEST:  # the same check as Bundle.load
                     continue
                 if body is None or hashlib.sha256(body).hexdigest() != art.get("sha256"):
                     self.bundle.note(f"{node}: {rel}: {'missing from' if body is None else 'sha256 differs in'} "

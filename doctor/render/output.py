@@ -6,19 +6,24 @@
     OUT/mldoctor-<job>-<time>.tar.gz (+ .sha256)   the bundle: manifest, checksums, artifacts
     OUT/host-map.json     only with --redact-hosts: real name -> alias; never inside the archive
 
-Every file is written mode 0600. Secrets: the report model is scrubbed string by string before
+Every file is written mode 0600, created new (O_EXCL, O_NOFOLLOW): mldoctor never overwrites a
+file it did not write, never writes through a planted symlink and never blocks on a FIFO. When
+OUT already holds a report.md/html/json (the user's, or an earlier run's), this run's files go
+to a new folder OUT/mldoctor-<time>/ instead. Secrets: the report model is scrubbed string by string before
 rendering (scrubbing rendered HTML or JSON text could cut through markup or escapes), and every
 artifact copied into the bundle is scrubbed again (text) or masked in place (binary).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
 import socket
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -27,7 +32,7 @@ from typing import Any
 from doctor.engine.findings import Finding
 from doctor.engine.report import SCHEMA as REPORT_SCHEMA
 from doctor.engine.report import Report
-from doctor.evidence.bundle import Bundle, scrub_for_kind, sha256_file
+from doctor.evidence.bundle import Bundle, open_new, scrub_for_kind, sha256_file
 from doctor.evidence.errors import UserError
 from doctor.evidence.redact import HostRedactor, is_text, scrub, scrub_bytes
 
@@ -37,15 +42,57 @@ _HOST_ENV_KEYS = ("HOSTNAME", "MASTER_ADDR", "SLURMD_NODENAME", "SLURM_LAUNCH_NO
                   "SLURM_SUBMIT_HOST", "SLURM_TOPOLOGY_ADDR")
 
 
-def _write(path: Path, data: bytes | str) -> Path:
-    """Write a file readable by its owner only (created so; never world-readable on the way)."""
+_REPORT_NAMES = ("report.md", "report.html", "report.json", "host-map.json")
+#: A compressed log is unpacked to scrub it up to this size; a bigger one is left out.
+MAX_GUNZIP = 256 * 1024**2
+
+
+def _write(path: Path, data: bytes | str, replace: bool = False) -> Path:
+    """Write a file readable by its owner only; see ``bundle.open_new`` for what is refused."""
     if isinstance(data, str):
         data = data.encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_TRUNC
+    try:
+        with os.fdopen(open_new(path, replace), "wb") as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be written ({exc.strerror or exc})") from None
     return path
+
+
+def _run_folder(out_dir: Path) -> Path:
+    """``out_dir``, or a new ``out_dir/mldoctor-<time>[-n]/`` when a report name is taken there."""
+    if not any(os.path.lexists(out_dir / n) for n in _REPORT_NAMES):
+        return out_dir
+    for n in range(100):
+        run = out_dir / (f"mldoctor-{_stamp()}" + (f"-{n}" if n else ""))
+        try:
+            run.mkdir(mode=0o700)
+            return run
+        except FileExistsError:
+            continue
+    raise UserError(f"{out_dir}: no free run folder name; use another --out")
+
+
+def _utf16(data: bytes) -> str | None:
+    """The UTF-16 codec of ``data`` (BOM, or NULs in every other byte of ASCII text), else None."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return "utf-16"
+    head = data[:4096]
+    if len(head) >= 8:
+        for codec, zeros, chars in (("utf-16-le", head[1::2], head[0::2]), ("utf-16-be", head[0::2], head[1::2])):
+            if zeros.count(0) >= 0.9 * len(zeros) and chars.count(0) <= 0.1 * len(chars):
+                return codec
+    return None
+
+
+def _gunzip(data: bytes) -> bytes | None:
+    """The content of a gzip file, or None when it is damaged or unpacks past MAX_GUNZIP."""
+    d = zlib.decompressobj(wbits=47)
+    try:
+        out = d.decompress(data, MAX_GUNZIP + 1)
+    except zlib.error:
+        return None
+    return None if len(out) > MAX_GUNZIP or d.unconsumed_tail else out
 
 
 def clean_value(obj: Any, fn: Callable[[str], str]) -> Any:
@@ -179,8 +226,26 @@ def _claimer() -> Callable[[Path], str]:
     return claim
 
 
-def _prepare(data: bytes, kind: str, redactor: HostRedactor | None) -> tuple[bytes, bool]:
-    """Bytes to store and whether ``Bundle.add_artifact`` should treat them as text."""
+def _prepare(data: bytes, kind: str, redactor: HostRedactor | None) -> tuple[bytes, bool] | None:
+    """Bytes to store and whether ``Bundle.add_artifact`` should treat them as text; None when
+    the file cannot be scrubbed and must be left out.
+
+    Text that ``scrub`` would not see is opened first: a gzip-rotated log is unpacked, scrubbed
+    and packed again, a UTF-16 log is decoded and re-encoded. Never copied raw.
+    """
+    if data[:2] == b"\x1f\x8b":
+        raw = _gunzip(data)
+        inner = _prepare(raw, kind, redactor) if raw is not None else None
+        if inner is None:
+            return None
+        body = scrub(inner[0].decode("utf-8", errors="replace")).encode() if inner[1] else inner[0]
+        return gzip.compress(body, mtime=0), False
+    codec = _utf16(data)
+    if codec is not None:
+        body = scrub(data.decode(codec, errors="replace"))
+        if redactor is not None:
+            body = redactor(body)
+        return body.encode(codec), False
     text = is_text(data)
     data = scrub_for_kind(kind, data)  # the kind's own first (Bundle.add_artifact applies it too)
     if not text:
@@ -202,6 +267,9 @@ def _copy_loose(stage: Bundle, from_path: Path, redactor: HostRedactor | None,
             sets.append((f"loose/logs{i}", facts_mod.items_from_folder(extra)))
     for prefix, items in sets:
         for item in items:
+            if item.skip:  # a link, FIFO, unreadable folder or past the cap: never copied
+                stage.note(f"{item.rel}: {item.skip}")
+                continue
             try:
                 size = item.path.stat().st_size
                 if size > MAX_LOOSE_COPY:
@@ -213,7 +281,11 @@ def _copy_loose(stage: Bundle, from_path: Path, redactor: HostRedactor | None,
                 stage.note(f"{item.rel}: could not be copied ({exc.strerror or exc})")
                 continue
             kind = claim(item.path)
-            data, text = _prepare(data, kind, redactor)
+            prepared = _prepare(data, kind, redactor)
+            if prepared is None:
+                stage.note(f"{scrub(item.rel)}: compressed and damaged or too large to scrub; left out")
+                continue
+            data, text = prepared
             rel = f"{prefix}/{item.rel}"
             host = item.hints.host or ""
             if redactor is not None:
@@ -240,7 +312,11 @@ def _copy_bundle(stage: Bundle, src: Bundle, redactor: HostRedactor | None) -> N
             stage.note(f"{art.get('path')}: could not be copied ({exc.strerror or exc})")
             continue
         kind = art.get("kind") or ""
-        data, text = _prepare(data, kind, redactor)
+        prepared = _prepare(data, kind, redactor)
+        if prepared is None:
+            stage.note(f"{scrub(art['path'])}: compressed and damaged or too large to scrub; left out")
+            continue
+        data, text = prepared
         rel = art["path"]
         host = art.get("host") or ""
         if redactor is not None:
@@ -268,11 +344,15 @@ def write_outputs(report: Report, out_dir: Path, from_path: Path | None = None, 
     from doctor.render.html import render_html
     from doctor.render.markdown import render_markdown
 
-    out_dir = Path(out_dir)
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if created:
-        os.chmod(out_dir, 0o700)
+    base = out_dir = Path(out_dir)
+    try:
+        created = not out_dir.exists()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if created:
+            os.chmod(out_dir, 0o700)
+        out_dir = _run_folder(out_dir)
+    except OSError as exc:
+        raise UserError(f"{out_dir}: cannot write the reports there ({exc.strerror or exc})") from None
     written: dict[str, Path] = {}
 
     with tempfile.TemporaryDirectory(prefix="mldoctor-out-") as tmp:
@@ -328,7 +408,7 @@ def write_outputs(report: Report, out_dir: Path, from_path: Path | None = None, 
             {"note": "real name -> alias used in the reports and the bundle; keep this file private",
              "mapping": redactor.mapping}, indent=1) + "\n")
         # The live agent's unredacted working copy would defeat the point of redaction.
-        if bundle is not None and _inside(bundle.root, out_dir):
+        if bundle is not None and _inside(bundle.root, base):
             shutil.rmtree(bundle.root, ignore_errors=True)
     return written
 
@@ -392,8 +472,12 @@ def render_as(report: Report, fmt: str, bundle_name: str | None = None) -> str:
 
 
 def write_file(path: Path, text: str) -> Path:
-    """Write one report file (mode 0600), creating its folder."""
+    """Write one report file (mode 0600), creating its folder. The user named this file, so an
+    existing regular file is replaced; a symlink, FIFO or folder there is refused in one line."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    return _write(path, text)
+    try:
+        if path.parent and not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{path.parent}: cannot be created ({exc.strerror or exc})") from None
+    return _write(path, text, replace=True)

@@ -1,4 +1,4 @@
-"""The walkthrough's questions, as data.
+"""The walkthrough's questions, as data (``questions.patterns.yaml``, a pattern library).
 
 Each question says when it is asked (a CEL condition, the rules' language, over the facts and
 a ``session`` map: symptom, state, n_findings, top_cause, top_confidence, high_confidence,
@@ -12,9 +12,12 @@ what changed are not in any log; how the job looked to its owner is the symptom 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from doctor.engine import celexpr
+from doctor.evidence.patterns import parse_library
+from doctor.evidence.yamlsrc import safe_data
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class Answer:
     symptom: str | None = None
     #: The sentence kept in the report as the user's note; empty keeps the chosen label.
     note: str = ""
+    #: The answer's entry in the pattern library (how people say it in a ticket).
+    pattern_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,108 +49,26 @@ class Question:
     placeholder: str = ""
 
 
-NOT_HIGH = "!session.high_confidence"
+LIBRARY = Path(__file__).with_name("questions.patterns.yaml")
 
-QUESTIONS: tuple[Question, ...] = (
-    Question(
-        id="symptom",
-        text="What do you see?",
-        why="How the job looks from outside decides which probes run first.",
-        when="true",
-        sets_symptom=True,
-        answers=(
-            Answer("no progress (no new steps, stuck)", "hang"),
-            Answer("slower than usual", "slow"),
-            Answer("crashed (a rank or the job exited)", "crash"),
-            Answer("loss looks wrong (NaN, spikes, rising)", "diverge"),
-            Answer("not sure", None),
-        ),
-    ),
-    Question(
-        id="stuck_or_slow",
-        text="Are new steps still being logged?",
-        why="The evidence could not tell stuck from slow or healthy.",
-        when='session.has_report && session.symptom == "" && session.state in ["unknown", "healthy"]',
-        sets_symptom=True,
-        answers=(
-            Answer("no, nothing new for minutes", "hang"),
-            Answer("yes, but slower than before", "slow"),
-            Answer("the processes exited", "crash"),
-            Answer("yes, but the loss is off", "diverge"),
-        ),
-    ),
-    Question(
-        id="scale",
-        text="Did it ever work at this scale{scale}?",
-        why="No log says whether this world size ever ran; scale-only failures point elsewhere.",
-        when=f"session.has_report && {NOT_HIGH}",
-        answers=(
-            Answer("yes, the same scale worked before", note="It worked before at this scale."),
-            Answer("no, first run at this scale",
-                   note="First run at this scale: scale-dependent causes (timeouts, memory, topology) stay in play."),
-            Answer("don't know"),
-        ),
-    ),
-    Question(
-        id="changed",
-        text="What changed since the last good run?",
-        why="No rule fired with high confidence; a recent change is often the lead.",
-        when=f"session.has_report && {NOT_HIGH}",
-        free_text="note",
-        placeholder="or type what changed, then Enter",
-        answers=(
-            Answer("our code or model", note="Changed since the last good run: code or model."),
-            Answer("the data", note="Changed since the last good run: the data."),
-            Answer("PyTorch / NCCL / driver versions", note="Changed since the last good run: library or driver versions."),
-            Answer("nodes, network or cluster", note="Changed since the last good run: nodes, network or cluster."),
-            Answer("config (batch size, LR, precision)", note="Changed since the last good run: the training config."),
-            Answer("nothing I know of", note="Nothing known changed since the last good run."),
-        ),
-    ),
-    Question(
-        id="same_step",
-        text="Does it stop at the same step every time?",
-        why="One snapshot cannot tell a reproducible stop from a random one.",
-        when=f'session.has_report && session.symptom == "hang" && {NOT_HIGH}',
-        answers=(
-            Answer("yes, same step", note="Stops at the same step each run: suspect code or data on one path."),
-            Answer("no, it varies", note="Stops at varying steps: suspect hardware, network or timing."),
-            Answer("first time it happened"),
-        ),
-    ),
-    Question(
-        id="slow_since",
-        text="Slow from the first step, or did it slow down over time?",
-        why="A gradual slowdown and a slow start have different causes.",
-        when=f'session.has_report && session.symptom == "slow" && {NOT_HIGH}',
-        answers=(
-            Answer("slow from the start", note="Slow from the first step."),
-            Answer("slowed down over time", note="Slowed down during the run."),
-            Answer("don't know"),
-        ),
-    ),
-    Question(
-        id="metrics_file",
-        text="Where does the job write its loss?",
-        why="No metrics were found in the evidence; a CSV, JSONL or trainer log lets mldoctor read the curve.",
-        when=('session.has_report && session.symptom == "diverge" && '
-              '!("metrics" in evidence.kinds)'),
-        free_text="path",
-        placeholder="path to a metrics/log file or folder, then Enter",
-        answers=(Answer("I have no metrics file"),),
-    ),
-    Question(
-        id="crash_scope",
-        text="Did every rank exit, or only some?",
-        why="Which ranks died first is not always in the logs that were found.",
-        when=f'session.has_report && session.symptom == "crash" && {NOT_HIGH}',
-        answers=(
-            Answer("one or a few ranks first", note="Only some ranks exited first."),
-            Answer("all ranks at once", note="All ranks exited together."),
-            Answer("don't know"),
-        ),
-    ),
-)
+
+def _load() -> tuple[Question, ...]:
+    """The questions in asking order, each with its answers (the library's entries)."""
+    text = LIBRARY.read_text(encoding="utf-8")
+    answers: dict[str, list[Answer]] = {}
+    for p in parse_library(LIBRARY.name, text):
+        f = p.fields
+        answers.setdefault(str(f["question"]), []).append(
+            Answer(str(f["label"]), f.get("symptom"), str(f.get("note") or ""), p.id))
+    out = []
+    for q in safe_data(text)["questions"]:
+        out.append(Question(id=q["id"], text=q["text"], why=q["why"], when=q["when"],
+                            answers=tuple(answers.get(q["id"], ())), sets_symptom=bool(q.get("sets_symptom")),
+                            free_text=str(q.get("free_text") or ""), placeholder=str(q.get("placeholder") or "")))
+    return tuple(out)
+
+
+QUESTIONS: tuple[Question, ...] = _load()
 
 
 def by_id(qid: str) -> Question:

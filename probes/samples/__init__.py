@@ -89,7 +89,7 @@ class SamplesProbe(Probe):
         "samples.rate_hz": "int: sampling rate of the live window (0 when unknown: loose files)",
         "samples.duration_s": "float: length of the live window (0 when unknown)",
         "samples.samples_total": "int: main-thread samples over all ranks",
-        "samples.categories": "list<string>: the time-share categories (probes/timeshare.py CATEGORIES): "
+        "samples.categories": "list<string>: the time-share categories (probes/samples/timeshare.py CATEGORIES): "
                               + ", ".join(ts.CATEGORIES),
         "samples.by_rank": "map<string,map>: per rank: samples, shares (category -> share of the main "
                            "thread's samples, sum 1), top, data, busy, waiting, checkpoint, collective_ops, "

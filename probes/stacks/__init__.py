@@ -75,7 +75,7 @@ class StacksProbe(Probe):
         "stacks.formats": "list<string>: dump formats read: pyspy_text, pyspy_json, faulthandler, gdb (thread apply all bt, or a bare bt), gdb_pybt (gdb py-bt), traceback (traceback-style Python stacks: format_stack/print_stack), ide (an IDE's call-stack copy)",
         "stacks.native": "bool: some dump has native (C/C++) frames (py-spy --native, gdb)",
         "stacks.snapshots": "int: distinct snapshots (a file named *snap<k>*, or repeated dumps of one process in a file)",
-        "stacks.states": "list<string>: every thread state the classifier knows (see probes/stackstate.py STATES)",
+        "stacks.states": "list<string>: every thread state the classifier knows (see probes/stacks/classify.py STATES)",
         "stacks.state_counts": "map<string,int>: main threads per state (every state present, 0 when none)",
         "stacks.state_ranks": "map<string,list<int>>: ranks per main-thread state (only states that occur)",
         "stacks.waiting_share": "float: share of main threads waiting on their peers: in a collective, or in a GPU wait (with NCCL a collective is asynchronous, so a rank whose peer is missing blocks later in .item()/synchronize rather than in the Python collective call)",

@@ -1,4 +1,4 @@
-"""Streaming scan of one log file against the signature library (``doctor/signatures/*.yaml``).
+"""Streaming scan of one log file against the signature library (``patterns/*.yaml``).
 
 Why streaming: job logs reach gigabytes (NCCL_DEBUG=INFO at scale, weeks of step lines). A file
 is read line by line with a cap on line length (a NUL-filled hole or a progress bar without a
@@ -6,8 +6,13 @@ newline must not become one huge string), every signature's hits are counted but
 few per signature are kept as events, and aggregates (NCCL versions per host, transports,
 loss scales) are folded in as lines go by. Memory stays flat whatever the file size.
 
-Why a prefilter: each signature names literal ``needle``s that every matching line contains; one
-combined regex of all needles rejects most lines before any signature regex runs.
+Why NUL runs read as line breaks: a hole of NULs is what a log holds where a crashed node never
+flushed its pages, or where a writer kept its offset over a truncated file; the text after the hole
+starts a record of its own, and a hole of any size must neither count toward the line cap nor hide
+that text (the OOM line after a crash is the evidence that matters most).
+
+Why a prefilter: each signature names literal ``needle``s that every matching line contains; the
+library (:mod:`.library`) rejects most lines on those before any signature regex runs.
 
 Besides signatures, three small state machines follow the line stream: Python tracebacks (one per
 ``[rankN]:`` stream, so interleaved ranks do not mix), torchrun's failure summary (the
@@ -23,30 +28,22 @@ import os
 import re
 import signal as _signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from doctor.probes.common.text import (  # noqa: F401
-    EXC_LINE,
-    RANK_PREFIX,
-    RUNTIME_PREFIX,
-    TB_START,
-    strip_prefixes,
-)
+from doctor.probes.common.text import EXC_LINE, RUNTIME_PREFIX, TB_START, strip_prefixes
 
 from doctor.evidence.redact import scrub
-from doctor.evidence.yamlsrc import safe_data
+
+from .library import Library, Signature, library
 
 MAX_LINE = 8192            # bytes of one line looked at; the rest of a longer line is skipped
 EVENTS_PER_SIG = 20        # events kept per signature and file (all hits are still counted)
 MAX_TRACEBACKS = 64        # tracebacks kept per file
 MAX_EXITS = 4096           # rank exits kept per file
 TEXT_CHARS = 300           # characters of a line kept in an event
-ROLES = ("first_failure", "cascade", "context")
-SEVERITIES = ("critical", "high", "medium", "low", "info")
 _INT_FIELDS = {
     "rank", "rank2", "pid", "seq", "seq2", "timeout_ms", "ran_ms", "numel_in", "numel_out",
     "exitcode", "signum", "code", "last_enqueued", "last_completed", "world_size", "joined",
@@ -55,180 +52,6 @@ _INT_FIELDS = {
     "anon_rss_kb", "bytes", "port",
 }
 _FLOAT_FIELDS = {"scale", "scale2", "attempted", "attempted2"}
-
-
-@dataclass(frozen=True)
-class Signature:
-    """One entry of the signature library."""
-
-    id: str
-    kind: str
-    needles: tuple[str, ...]
-    regex: re.Pattern[str]
-    role: str
-    severity: str
-    priority: int
-    means: str
-    source: str
-    examples: tuple[str, ...]
-    ignorecase: bool = False
-    shadows: tuple[str, ...] = ()
-    file: str = ""
-
-    def needle_in(self, line: str, lower: str) -> bool:
-        hay = lower if self.ignorecase else line
-        return any(n in hay for n in self.needles)
-
-
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class Library:
-    """All signatures, with the needle prefilter built once.
-
-    Why not one big regex of the needles: Python's re tries every alternative at nearly every
-    position (about 30 us a line for ~130 needles). Instead each needle gets a keyword, a whole
-    word inside it ("Watchdog", "Duplicate", "preamble"); a line's words are collected once and
-    intersected with the keyword set (C speed), and only needles whose keyword occurs are
-    confirmed with a substring test. Needles without a usable word are tested directly.
-    """
-
-    signatures: tuple[Signature, ...]
-    by_needle: dict[str, tuple[Signature, ...]]   # needle (lowercase when ignorecase) -> signatures
-    keywords: dict[str, tuple[str, ...]]          # keyword -> case-sensitive needles holding it
-    keyword_set: frozenset[str]
-    loose: tuple[str, ...]                        # case-sensitive needles without a keyword
-    loose_i: tuple[str, ...]                      # case-insensitive needles (tested on the lowercased line)
-    order: dict[str, int]                         # signature id -> position in the library
-    longest: int = 80                             # characters of the longest needle
-
-    def needles_in(self, line: str) -> set[str]:
-        found: set[str] = set()
-        kws = self.keyword_set.intersection(_WORD.findall(line))
-        for kw in kws:
-            for n in self.keywords[kw]:
-                if n in line:
-                    found.add(n)
-        for n in self.loose:
-            if n in line:
-                found.add(n)
-        if self.loose_i:
-            low = line.lower()
-            for n in self.loose_i:
-                if n in low:
-                    found.add(n)
-        return found
-
-    def hit(self, line: str) -> bool:
-        """Does the line contain any needle? (the cheap test every line goes through)"""
-        return bool(self.needles_in(line))
-
-    def candidates(self, line: str) -> list[Signature]:
-        """Signatures whose needles occur in the line, in library order."""
-        found = self.needles_in(line)
-        if not found:
-            return []
-        sigs: dict[str, Signature] = {}
-        for word in found:
-            for sig in self.by_needle.get(word, ()):
-                sigs[sig.id] = sig
-        if len(sigs) == 1:
-            return list(sigs.values())
-        return sorted(sigs.values(), key=lambda s: self.order[s.id])
-
-
-def _keyword(needle: str) -> str | None:
-    """The word of a needle to look for among a line's words: preferably one bounded inside the
-    needle by non-word characters on both sides (it is a whole word wherever the needle occurs),
-    else one at the needle's edge (a whole word in practice: the signature examples, all checked
-    by the tests, must pass the prefilter); None when only a fragment is left ("ibv_")."""
-    inner = edge = None
-    for m in _WORD.finditer(needle):
-        word = m.group()
-        if len(word) < 3 or word.endswith("_"):
-            continue
-        left_ok = m.start() > 0 and not (needle[m.start() - 1].isalnum() or needle[m.start() - 1] == "_")
-        right_ok = m.end() < len(needle) and not (needle[m.end()].isalnum() or needle[m.end()] == "_")
-        if left_ok and right_ok:
-            if inner is None or len(word) > len(inner):
-                inner = word
-        elif edge is None or len(word) > len(edge):
-            edge = word
-    return inner or edge
-
-
-class LibraryError(ValueError):
-    """A signature file is malformed (caught by the tests, never at a user's site)."""
-
-
-def _load_file(name: str, text: str) -> list[Signature]:
-    data = safe_data(text)  # yaml.safe_load through libyaml when present: ~4x faster
-    if not isinstance(data, dict) or not isinstance(data.get("signatures"), list):
-        raise LibraryError(f"{name}: expected a mapping with a 'signatures' list")
-    out = []
-    for i, raw in enumerate(data["signatures"]):
-        where = f"{name}[{i}]"
-        if not isinstance(raw, dict):
-            raise LibraryError(f"{where}: each signature must be a mapping")
-        missing = [k for k in ("id", "kind", "needle", "regex", "role", "severity", "priority",
-                               "means", "source", "examples") if k not in raw]
-        if missing:
-            raise LibraryError(f"{where}: missing {', '.join(missing)}")
-        if raw["role"] not in ROLES or raw["severity"] not in SEVERITIES:
-            raise LibraryError(f"{where} ({raw['id']}): bad role or severity")
-        needles = raw["needle"] if isinstance(raw["needle"], list) else [raw["needle"]]
-        ignorecase = bool(raw.get("ignorecase", False))
-        try:
-            rx = re.compile(raw["regex"], re.I if ignorecase else 0)
-        except re.error as exc:
-            raise LibraryError(f"{where} ({raw['id']}): bad regex: {exc}") from None
-        out.append(Signature(
-            id=str(raw["id"]), kind=str(raw["kind"]),
-            needles=tuple(n.lower() if ignorecase else n for n in needles),
-            regex=rx, role=raw["role"], severity=raw["severity"], priority=int(raw["priority"]),
-            means=str(raw["means"]), source=str(raw["source"]),
-            examples=tuple(str(e) for e in raw["examples"] or ()), ignorecase=ignorecase,
-            shadows=tuple(raw.get("shadows", []) or ()), file=name,
-        ))
-    return out
-
-
-@lru_cache(maxsize=1)
-def library() -> Library:
-    """Load every ``doctor/signatures/*.yaml`` once per process."""
-    base = resources.files("doctor") / "signatures"
-    sigs: list[Signature] = []
-    for entry in sorted(base.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            sigs.extend(_load_file(entry.name, entry.read_text(encoding="utf-8")))
-    ids = [s.id for s in sigs]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:
-        raise LibraryError(f"duplicate signature ids: {', '.join(dup)}")
-    by_needle: dict[str, list[Signature]] = {}
-    for s in sigs:
-        for n in s.needles:
-            by_needle.setdefault(n, []).append(s)
-    exact = sorted({n for s in sigs if not s.ignorecase for n in s.needles})
-    keywords: dict[str, list[str]] = {}
-    loose = []
-    for n in exact:
-        kw = _keyword(n)
-        if kw is None:
-            loose.append(n)
-        else:
-            keywords.setdefault(kw, []).append(n)
-    return Library(
-        signatures=tuple(sigs),
-        by_needle={k: tuple(v) for k, v in by_needle.items()},
-        keywords={k: tuple(v) for k, v in keywords.items()},
-        keyword_set=frozenset(keywords),
-        loose=tuple(loose),
-        loose_i=tuple(sorted({n for s in sigs if s.ignorecase for n in s.needles})),
-        order={s.id: i for i, s in enumerate(sigs)},
-        longest=max((len(n) for s in sigs for n in s.needles), default=80),
-    )
 
 
 # -- line prefixes, hosts, times -------------------------------------------------------------
@@ -361,26 +184,71 @@ class Scan:
         }
 
 
-def iter_lines(path: Path, max_line: int = MAX_LINE):
+def iter_lines(path: Path, max_line: int = MAX_LINE) -> Iterator[tuple[bytes, bool]]:
     """Yield (bytes of the line, capped; True when the line was longer and cut) without ever
-    holding more than one capped line in memory."""
+    holding more than one capped line in memory. A run of NULs is kept as one NUL byte and does
+    not count toward the cap, so the text after a hole of any size is still read."""
     with open(path, "rb") as fh:
         while True:
             raw = fh.readline(max_line)
             if not raw:
                 return
+            if b"\x00" in raw and not raw.endswith(b"\n"):
+                raw = _read_past_nuls(fh, raw, max_line)
             if len(raw) >= max_line and not raw.endswith(b"\n"):
-                while True:  # skip the rest of an overlong line (a NUL hole, a binary blob) in 1 MiB reads
-                    chunk = fh.read(1 << 20)
-                    if not chunk:
-                        break
-                    nl = chunk.find(b"\n")
-                    if nl >= 0:
-                        fh.seek(nl + 1 - len(chunk), os.SEEK_CUR)
-                        break
+                _skip_rest(fh)
                 yield raw, True
             else:
                 yield raw, False
+
+
+_NULS = re.compile(rb"\x00+")
+
+
+def _read_past_nuls(fh: IO[bytes], raw: bytes, max_line: int) -> bytes:
+    """Go on reading a line whose capped start holds NULs until it ends or holds ``max_line``
+    bytes of its own; each NUL run shrinks to one byte (the scanner's line break)."""
+    raw = _NULS.sub(b"\x00", raw)
+    while len(raw) < max_line and not raw.endswith(b"\n"):
+        if raw.endswith(b"\x00"):
+            _skip_nuls(fh)
+        more = fh.readline(max_line - len(raw))
+        if not more:
+            break
+        raw = _NULS.sub(b"\x00", raw + more)
+    return raw
+
+
+_HOLE = bytes(1 << 20)
+
+
+def _skip_nuls(fh: IO[bytes]) -> None:
+    """Advance past a run of NULs in 1 MiB reads (a sparse 2 GiB hole costs no memory); a chunk
+    all NULs is told by one memcmp, which keeps a hole as cheap to skip as a newline search."""
+    while True:
+        chunk = fh.read(len(_HOLE))
+        if not chunk:
+            return
+        if chunk == _HOLE:
+            continue
+        nuls = len(chunk) - len(chunk.lstrip(b"\x00"))
+        if nuls < len(chunk):
+            fh.seek(nuls - len(chunk), os.SEEK_CUR)
+            return
+
+
+def _skip_rest(fh: IO[bytes]) -> None:
+    """Skip the rest of an overlong line (a binary blob, a progress bar) in 1 MiB reads, up to
+    its newline or a NUL hole (whose text after it is a record of its own)."""
+    while True:
+        chunk = fh.read(1 << 20)
+        if not chunk:
+            return
+        nl, nul = chunk.find(b"\n"), chunk.find(b"\x00")
+        ends = [i for i in (nl + 1 if nl >= 0 else -1, nul) if i >= 0]
+        if ends:
+            fh.seek(min(ends) - len(chunk), os.SEEK_CUR)
+            return
 
 
 def _convert(name: str, value: str | None) -> Any:
@@ -418,13 +286,12 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
         scan.lines = lineno
         if cut:
             scan.long_lines += 1
-        if b"\x00" in raw:
-            raw = raw.replace(b"\x00", b"")
-            if not raw.strip():
-                continue
+        if b"\x00" in raw and not raw.replace(b"\x00", b"").strip():
+            continue
         text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        # Progress bars rewrite the line with \r; each segment is a line of its own.
-        for seg in text.split("\r") if "\r" in text else (text,):
+        # Progress bars rewrite the line with \r, and text after a NUL hole starts a record of
+        # its own: each segment is a line of its own.
+        for seg in _SEGMENT.split(text) if ("\r" in text or "\x00" in text) else (text,):
             if seg:
                 _line(scan, lib, seg, lineno)
     _flush_block(scan)
@@ -437,6 +304,7 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
 # per rank, as torch jobs under srun run, it is the rank. Only taken when most of a file's first
 # lines carry it, since "12: " can also start an ordinary line.
 _SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
+_SEGMENT = re.compile("[\r\x00]")
 
 
 def _srun_labelled(head: list[str]) -> bool:

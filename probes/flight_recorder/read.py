@@ -1,0 +1,334 @@
+"""Reading one flight-recorder dump (pickle or JSON) into what the analysis needs.
+
+Why a restricted unpickler: a dump is a file from the job's machines, and a pickle can run code
+when loaded; :mod:`doctor.evidence.unpickle` builds plain data and refuses everything else. Why
+the trimming: a dump holds thousands of entries with stack frames per rank, and jobs reach
+thousands of ranks, so only the fields the cross-rank analysis compares are kept.
+
+Why ``pg_status`` keys need mapping: they are each rank's local process-group ids, while entries
+and ``pg_config`` name groups by their global name; see :func:`_map_status_keys`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from doctor.evidence.contract import Hints
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.unpickle import UnpickleError, is_pickle, safe_loads
+
+#: Largest dump read (a 16k-rank job's dump with full frames stays well below).
+MAX_BYTES = 512 * 2**20
+_INT_RE = re.compile(r"-?\d+")
+
+
+@dataclass(slots=True)
+class Entry:
+    """One FR record, trimmed to what the analysis reads."""
+
+    pg: str
+    seq: int
+    op_id: int
+    p2p_seq: int
+    is_p2p: bool
+    op: str
+    in_sizes: Any
+    out_sizes: Any
+    in_dtypes: Any
+    out_dtypes: Any
+    state: str
+    done: bool
+    created_ns: int
+    timeout_ms: int
+    where: str
+
+
+@dataclass(slots=True)
+class PgView:
+    """One process group as one rank's dump sees it."""
+
+    name: str
+    desc: str = ""
+    ranks: tuple[int, ...] | None = None
+    enqueued: int | None = None
+    started: int | None = None
+    completed: int | None = None
+    entries: list[Entry] = field(default_factory=list)
+    has_p2p: bool = False
+    pending_p2p: int = 0
+    # Which entry counter pg_status counts in: NCCL's is the collective seq id, gloo's (2.10+)
+    # is op_id, which also counts the send/recv it does not record as entries.
+    space: str = "seq"
+
+    def key(self, e: Entry) -> int:
+        return e.op_id if self.space == "op_id" else e.seq
+
+
+@dataclass
+class Dump:
+    rank: int
+    rel: str
+    fmt: str
+    version: str
+    lib_version: str
+    pgs: dict[str, PgView]
+    n_entries: int
+    newest_ns: int
+    backends: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def _as_int(v: Any, default: int | None = None) -> int | None:
+    if type(v) is int:
+        return v
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v == v:
+        return int(v)
+    if isinstance(v, (str, bytes)):
+        try:
+            return int(v)
+        except ValueError:
+            return default
+    return default
+
+
+def _ranks_of(v: Any) -> tuple[int, ...] | None:
+    """pg_config ranks: a string like "[0, 1]" (torch writes it so) or a list."""
+    if isinstance(v, (list, tuple)):
+        out = [_as_int(x) for x in v]
+        return tuple(x for x in out if x is not None) or None
+    if isinstance(v, str):
+        return _ranks_of_str(v)
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _ranks_of_str(v: str) -> tuple[int, ...] | None:
+    # Every rank's dump repeats the same strings (the default group's lists all ranks): parse once.
+    return tuple(map(int, _INT_RE.findall(v))) or None
+
+
+def _canon_pg(name: Any) -> str:
+    # gloo in torch 2.10-2.13 writes the default group's pg_config under '' while its entries
+    # and pg_status say '0'; the default group is '0' everywhere else.
+    s = str(name) if name is not None else ""
+    return s if s else "0"
+
+
+def _plain(v: Any) -> Any:
+    """Sizes and dtypes as JSON-friendly lists (tuples from pickles become lists)."""
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def _where(frames: Any) -> str:
+    """The first Python frame outside torch.distributed: where the job called the collective."""
+    if not isinstance(frames, list):
+        return ""
+    for fr in frames:
+        if not isinstance(fr, dict):
+            continue
+        fn = str(fr.get("filename", ""))
+        if "torch/distributed" in fn or "torch\\distributed" in fn:
+            continue
+        return f"{fr.get('name', '?')} ({Path(fn).name}:{fr.get('line', '?')})"
+    return ""
+
+
+def _entry(e: dict[str, Any]) -> Entry | None:
+    pg = e.get("process_group")
+    seq = _as_int(e.get("collective_seq_id"))
+    if not isinstance(pg, (list, tuple)) or not pg or seq is None:
+        return None
+    state = str(e.get("state") or "")
+    retired = bool(e.get("retired"))
+    return Entry(
+        pg=_canon_pg(pg[0]), seq=seq, op_id=_as_int(e.get("op_id"), seq) or seq,
+        p2p_seq=_as_int(e.get("p2p_seq_id"), 0) or 0,
+        is_p2p=bool(e.get("is_p2p")), op=str(e.get("profiling_name") or "?"),
+        in_sizes=e.get("input_sizes") or [], out_sizes=e.get("output_sizes") or [],
+        in_dtypes=e.get("input_dtypes") or [], out_dtypes=e.get("output_dtypes") or [],
+        state=state, done=state == "completed" or retired, created_ns=_as_int(e.get("time_created_ns"), 0) or 0,
+        timeout_ms=_as_int(e.get("timeout_ms"), 0) or 0, where=_where(e.get("frames")),
+    )
+
+
+def _map_status_keys(status_keys: list[str], config_names: list[str], known: dict[str, str]) -> dict[str, str]:
+    """Map pg_status keys (local pg ids) to process-group names.
+
+    Entries give ``pg_id -> name`` for every group that has one. For the others: process-group
+    names are a global creation counter ('0', '1', '33', ...) and pg ids the local creation
+    order, so both sort the same way; the sorted pairing is used only when the counts match, the
+    names are numbers and the pairing agrees with every pair the entries gave.
+    """
+    out = dict(known)
+    left_k = [k for k in status_keys if k not in out]
+    if not left_k:
+        return out
+    if (len(status_keys) == len(config_names) and all(n.lstrip("-").isdigit() for n in config_names)
+            and all(k.lstrip("-").isdigit() for k in status_keys)):
+        pairs = dict(zip(sorted(status_keys, key=int), sorted(config_names, key=int), strict=True))
+        if all(pairs[k] == v for k, v in known.items() if k in pairs):
+            return pairs
+    left_n = [n for n in config_names if n not in out.values()]
+    if len(left_k) == 1 and len(left_n) == 1:
+        out[left_k[0]] = left_n[0]
+    return out
+
+
+def load_dump(raw: bytes, rel: str, hints: Hints) -> Dump:
+    """Decode one dump (pickle or JSON) into a :class:`Dump`; ``EvidenceError`` when unusable."""
+    fmt, obj = _decode(raw, rel)
+    rank = _as_int(obj.get("rank"))
+    if rank is None or rank < 0:
+        rank = hints.rank
+    if rank is None:
+        raise EvidenceError(rel, "flight-recorder dump without a rank (no 'rank' key and none in the file name)")
+    notes: list[str] = []
+    pgs = _config_views(obj)
+    raw_entries = obj.get("entries") if isinstance(obj.get("entries"), list) else []
+    bad, known_ids, newest, backends = _add_entries(pgs, raw_entries)
+    if bad:
+        notes.append(f"{bad} malformed entries skipped")
+    unmapped = _apply_status(pgs, obj, known_ids)
+    if unmapped:
+        notes.append(f"{unmapped} pg_status groups could not be matched to a process group")
+    _settle_views(pgs)
+    return Dump(
+        rank=rank, rel=rel, fmt=fmt, version=str(obj.get("version") or ""),
+        lib_version=str(obj.get("nccl_version") or obj.get("comm_lib_version") or ""),
+        pgs=pgs, n_entries=len(raw_entries) - bad, newest_ns=newest,
+        backends=[b for b, _ in backends.most_common()], notes=notes,
+    )
+
+
+def _decode(raw: bytes, rel: str) -> tuple[str, dict[str, Any]]:
+    """The dump's top-level mapping and its format; a file that is not a dump is said so in one
+    line, since a rank's missing evidence must be reported, not silently dropped."""
+    if is_pickle(raw):
+        fmt = "pickle"
+        try:
+            obj = safe_loads(raw, max_bytes=MAX_BYTES)
+        except UnpickleError as exc:
+            raise EvidenceError(rel, f"unreadable flight-recorder dump: {exc}") from None
+    elif raw.lstrip()[:1] == b"{":
+        fmt = "json"
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise EvidenceError(rel, f"unreadable flight-recorder JSON: {str(exc)[:160]}") from None
+    else:
+        raise EvidenceError(rel, "not a flight-recorder dump (neither a pickle nor JSON)")
+    if not isinstance(obj, dict) or not ({"entries", "pg_status", "pg_config"} & set(obj)):
+        raise EvidenceError(rel, "not a flight-recorder dump (no entries, pg_config or pg_status)")
+    return fmt, obj
+
+
+def _config_views(obj: dict[str, Any]) -> dict[str, PgView]:
+    """The groups ``pg_config`` declares, with their member ranks: the only place a dump names
+    members that never showed up in its entries."""
+    pgs: dict[str, PgView] = {}
+    cfg = obj.get("pg_config") if isinstance(obj.get("pg_config"), dict) else {}
+    for key, c in cfg.items():
+        c = c if isinstance(c, dict) else {}
+        name = _canon_pg(c.get("name") or key)
+        desc = str(c.get("desc") or "") or ("default_pg" if name == "0" else "")
+        pgs[name] = PgView(name, desc, _ranks_of(c.get("ranks")))
+    return pgs
+
+
+def _add_entries(pgs: dict[str, PgView], raw_entries: list[Any]
+                 ) -> tuple[int, dict[str, str], int, Counter[str]]:
+    """File the entries under their groups. Returns the malformed count, the ``pg_id -> name``
+    pairs the entries reveal (needed to read ``pg_status``), the newest timestamp (the only
+    stand-in for the dump's time) and the backends seen."""
+    bad = 0
+    known_ids: dict[str, str] = {}
+    newest = 0
+    backends: Counter[str] = Counter()
+    for e in raw_entries:
+        ent = _entry(e) if isinstance(e, dict) else None
+        if ent is None:
+            bad += 1
+            continue
+        view = pgs.get(ent.pg)
+        if view is None:
+            pgs[ent.pg] = view = PgView(ent.pg)
+        pgd = e["process_group"]
+        if len(pgd) > 1 and pgd[1] and not view.desc:
+            view.desc = str(pgd[1])
+        view.entries.append(ent)
+        if ent.is_p2p:
+            view.has_p2p = True
+            view.pending_p2p += not ent.done
+        pid = _as_int(e.get("pg_id"))
+        if pid is not None:
+            known_ids[str(pid)] = ent.pg
+        for k in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+            t = _as_int(e.get(k), 0) or 0
+            newest = max(newest, t)
+        backends[ent.op.split(":", 1)[0] if ":" in ent.op else "?"] += 1
+    return bad, known_ids, newest, backends
+
+
+def _apply_status(pgs: dict[str, PgView], obj: dict[str, Any], known_ids: dict[str, str]) -> int:
+    """Set each group's last enqueued/started/completed from ``pg_status``; returns how many
+    status groups could not be matched to a process group."""
+    status = obj.get("pg_status") if isinstance(obj.get("pg_status"), dict) else {}
+    if not status:
+        return 0
+    mapping = _map_status_keys([str(k) for k in status], list(pgs), known_ids)
+    unmapped = 0
+    for k, st in status.items():
+        name = mapping.get(str(k))
+        if name is None or not isinstance(st, dict):
+            unmapped += 1
+            continue
+        view = pgs.setdefault(name, PgView(name))
+        view.enqueued = _as_int(st.get("last_enqueued_collective"))
+        view.started = _as_int(st.get("last_started_collective"))
+        view.completed = _as_int(st.get("last_completed_collective"))
+    return unmapped
+
+
+def _settle_views(pgs: dict[str, PgView]) -> None:
+    """Entries in seq order, and the counter each group's status counts in: the entries stand in
+    for a missing status, and gloo's status counts op ids, not collective seq ids."""
+    for view in pgs.values():
+        view.entries.sort(key=lambda x: x.seq)
+        if view.enqueued is None or view.completed is None:
+            _status_from_entries(view)
+            continue
+        coll = [e for e in view.entries if not e.is_p2p]
+        if coll and view.enqueued != max(e.seq for e in coll) and view.enqueued == max(e.op_id for e in coll):
+            view.space = "op_id"
+
+
+def _status_from_entries(view: PgView) -> None:
+    """Dumps without pg_status (or whose status cannot be aligned): last issued/completed
+    collective seq from the entries themselves."""
+    view.space = "seq"
+    coll = [e for e in view.entries if not e.is_p2p]
+    if not coll:
+        return
+    view.enqueued = max(e.seq for e in coll)
+    pending = [e.seq for e in coll if not e.done]
+    done = [e.seq for e in coll if e.done]
+    if pending:
+        view.completed = min(pending) - 1
+    else:
+        view.completed = max(done) if done else view.enqueued

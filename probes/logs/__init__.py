@@ -1,0 +1,212 @@
+"""Job logs: launcher output (torchrun, SLURM), per-rank stdout/stderr, NCCL_DEBUG output,
+kernel logs (dmesg/journal). Each file is scanned line by line against the signature library
+(``patterns/*.yaml``, loaded by :mod:`.library`, matched by :mod:`.scan`), so a 2 GB log costs
+time but no memory. ``build`` joins the files (:mod:`.facts`): which rank failed first and how,
+which ranks only saw the aftermath (cascade), exit codes and signals, collective timeouts, NCCL
+versions and transports per host, OOM kills, Xids, recompiles and loss-scale skips.
+
+Live, ``collect`` copies the tail of the job's own log files (:mod:`.live`): those named with
+``--logs`` and the regular files that the ranks' and the launcher's stdout/stderr point to
+(``/proc/PID/fd/1,2``), plus ``NCCL_DEBUG_FILE`` targets. Pipes and terminals cannot be read back
+and are skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from doctor.evidence.contract import Hints, Parsed, Probe, Sample, set_world_size
+from doctor.evidence.errors import EvidenceError
+
+from . import live, scan, sniff
+from .facts import build_facts
+
+
+class LogsProbe(Probe):
+    name: ClassVar[str] = "logs"
+    title: ClassVar[str] = "Job logs"
+    collects: ClassVar[str] = (
+        "The tail of the job's log files (launcher and rank stdout/stderr when they are files, "
+        "--logs paths, NCCL_DEBUG_FILE), scrubbed of secrets; offline, any text log: torchrun, "
+        "SLURM, NCCL_DEBUG, dmesg/journal. Only signature hits and summaries reach the facts."
+    )
+    priority: ClassVar[int] = 30  # generic text: specific kinds (stacks, metrics, gpu) claim first
+    build_order: ClassVar[int] = 40
+    live_first_round: ClassVar[bool] = True
+    follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"logs": {}, "nccl_log": {}}
+    shows_state: ClassVar[bool] = True
+    max_bytes: ClassVar[int] = 1 << 40  # streamed: size costs time, never memory
+    facts_schema: ClassVar[dict[str, str]] = {
+        "logs.files": "int: log files read",
+        "logs.lines": "int: lines read across the log files",
+        "logs.events": "list<map>: signature hits, at most 20 per signature and file and 400 in all, in file order",
+        "logs.events[].sig": "string: signature id (probes/logs/patterns/*.yaml)",
+        "logs.events[].kind": "string: what the hit means, e.g. watchdog_timeout, gpu_oom, rank_exit",
+        "logs.events[].role": "string: first_failure | cascade | context",
+        "logs.events[].severity": "string: critical | high | medium | low | info",
+        "logs.events[].priority": "int: lower is closer to a root cause",
+        "logs.events[].rank": "int: the rank the line speaks for (prefix, message or file name), null when unknown",
+        "logs.events[].host": "string: host from NCCL/syslog prefixes or the file's name",
+        "logs.events[].file": "string: the log file",
+        "logs.events[].line": "int: line number in the file",
+        "logs.events[].time": "string: the line's timestamp as written, empty when none",
+        "logs.events[].ts": "float: that timestamp as epoch seconds (UTC), null when none",
+        "logs.events[].text": "string: the line, scrubbed and cut to 300 characters",
+        "logs.events[].fields": "map<string,any>: named groups of the signature (seq, op, timeout_ms, code, pci, ...)",
+        "logs.events[].pid": "int: process the line is about (NCCL prefix or the message), null when unknown",
+        "logs.counts": "map<string,int>: hits per kind (every hit, not only the kept events)",
+        "logs.sig_counts": "map<string,int>: hits per signature id",
+        "logs.kinds": "list<string>: kinds seen",
+        "logs.by_kind": "map<string,list<map>>: the first events of each kind (same fields as logs.events)",
+        "logs.first_failure": "map: the earliest first-failure event (by timestamp where lines have one, else file order and kind priority); fields as logs.events",
+        "logs.first_error": "map: the earliest event of any role with severity high or critical",
+        "logs.tracebacks": "list<map>: Python tracebacks: rank, exc_type, message, last_frame, role, kinds, file, line",
+        "logs.tracebacks[].rank": "int: rank of the [rankN]: stream or file, null when unknown",
+        "logs.tracebacks[].exc_type": "string: exception type as printed",
+        "logs.tracebacks[].message": "string: first line of the exception message",
+        "logs.tracebacks[].last_frame": "string: innermost frame: file:line in function",
+        "logs.tracebacks[].role": "string: first_failure | cascade (the message is a wait/peer symptom) | context (launcher)",
+        "logs.tracebacks[].kinds": "list<string>: signature kinds the message matches",
+        "logs.tracebacks[].file": "string: the log file",
+        "logs.tracebacks[].line": "int: line of 'Traceback (most recent call last):'",
+        "logs.tracebacks[].exc_line": "int: line of the exception",
+        "logs.exited_ranks": "list<map>: rank exits reported by the launcher or scheduler",
+        "logs.exited_ranks[].rank": "int: global rank (null when only the local rank is known)",
+        "logs.exited_ranks[].local_rank": "int: local rank",
+        "logs.exited_ranks[].host": "string: host",
+        "logs.exited_ranks[].pid": "int: process id",
+        "logs.exited_ranks[].exitcode": "int: exit code (negative: killed by that signal)",
+        "logs.exited_ranks[].signal": "string: SIGKILL, SIGABRT, ... or empty",
+        "logs.exited_ranks[].root_cause": "bool: the launcher named it the first observed failure",
+        "logs.exited_ranks[].cascade": "bool: the exit followed someone else's failure (launcher teardown, external kill, or the rank's own evidence is only waiting for peers)",
+        "logs.exited_ranks[].why": "string: why the exit counts as cascade or first failure",
+        "logs.exited_ranks[].source": "string: launcher (torchrun/elastic) | slurm",
+        "logs.exited_ranks[].time": "string: time of the exit as the launcher printed it",
+        "logs.exited_ranks[].ts": "float: that time as epoch seconds, null when unknown",
+        "logs.exited_ranks[].file": "string: the log file",
+        "logs.exited_ranks[].line": "int: line of the failure-summary entry (0 when from a one-line message)",
+        "logs.dead_ranks": "list<int>: ranks whose process exited or was killed on its own (not as a cascade)",
+        "logs.failed_ranks": "list<int>: ranks with a first-failure event or traceback of their own",
+        "logs.waiting_ranks": "list<int>: ranks whose errors are only waiting for peers (timeouts, closed peers)",
+        "logs.launcher_failed": "bool: the launcher reported failed ranks (ChildFailedError, failure summary, srun error)",
+        "logs.external_kill": "bool: the launcher or scheduler was told to stop the job (death signal, CANCELLED)",
+        "logs.waits": "list<map>: collective timeouts, one per rank and sequence number: rank, backend (nccl|gloo), seq, op, numel_in, timeout_ms, ran_ms",
+        "logs.waits[].rank": "int: rank that timed out",
+        "logs.waits[].host": "string: host, when known",
+        "logs.waits[].backend": "string: nccl | gloo",
+        "logs.waits[].seq": "int: collective sequence number (NCCL watchdog), null for gloo",
+        "logs.waits[].op": "string: ALLREDUCE, BROADCAST, ... (gloo: recv|send)",
+        "logs.waits[].numel_in": "int: elements of the collective's input, null when not printed",
+        "logs.waits[].timeout_ms": "int: the configured timeout",
+        "logs.waits[].ran_ms": "int: how long it ran before timing out (NCCL), null for gloo",
+        "logs.wait_summary": "map: n, ranks, seqs, ops, min_timeout_ms, max_ran_ms, max_ran_ratio (ran/timeout), same_seq_ops_differ (bool), numel_differs (bool)",
+        "logs.wait_summary.n": "int: collective timeouts seen",
+        "logs.wait_summary.ranks": "list<int>: ranks that timed out",
+        "logs.wait_summary.seqs": "list<int>: distinct sequence numbers",
+        "logs.wait_summary.ops": "list<string>: distinct op types",
+        "logs.wait_summary.min_timeout_ms": "int: smallest configured timeout",
+        "logs.wait_summary.max_ran_ms": "int: longest wait reported",
+        "logs.wait_summary.max_ran_ratio": "float: longest wait divided by its timeout (about 1.0 when the watchdog fired on time)",
+        "logs.wait_summary.same_seq_ops_differ": "bool: two ranks report the same sequence number with different op types",
+        "logs.wait_summary.numel_differs": "bool: two ranks report the same sequence number and op with different NumelIn",
+        "logs.desync_lagging": "list<int>: ranks desync debug names as lagging (finished #k, never joined #k+1)",
+        "logs.mismatch": "list<map>: collective mismatch reports: sig, ranks (named in the message), op, op2, shape, shape2, text",
+        "logs.mismatch_culprits": "list<int>: ranks whose DETAIL fingerprint (op, shape) is the minority, when 3+ ranks are named and one fingerprint is rarest",
+        "logs.init_timeouts": "list<map>: init/rendezvous timeouts: rank, world_size, joined, text",
+        "logs.init_missing_ranks": "list<int>: ranks that never reported reaching init while the others timed out waiting (world size known, every waiter reported)",
+        "logs.long_work": "list<map>: long legitimate work announced in the log (evaluation, checkpoint, preprocessing): rank, what, text",
+        "logs.nccl.versions": "map<string,list<string>>: NCCL versions per host ('' when the host is unknown)",
+        "logs.nccl.distinct_versions": "list<string>: every NCCL version seen",
+        "logs.nccl.version_hosts": "int: hosts whose NCCL version is known",
+        "logs.nccl.version_lines": "list<string>: one line per host: 'node01: NCCL 2.21.5'",
+        "logs.nccl.transports": "list<string>: channel transports seen (P2P/IPC, P2P/CUMEM, SHM/direct, NET/IB, NET/Socket, ...)",
+        "logs.nccl.nets": "list<string>: NET plugins in use (IB, Socket, FastSocket, OFI, ...)",
+        "logs.nccl.hosts": "list<string>: hosts with NCCL_DEBUG output",
+        "logs.nccl.ifaces": "list<string>: interfaces NCCL's bootstrap uses (eth0, ib0, lo, docker0, ...)",
+        "logs.nccl.init_complete": "int: processes that logged Init COMPLETE",
+        "logs.nccl.warns": "list<string>: first NCCL WARN lines (scrubbed)",
+        "logs.duplicate_gpu": "list<map>: ranks sharing one GPU: host, bus_id, ranks, source (warn|init_lines)",
+        "logs.xids": "list<map>: Xid events: code, pci, host, rank, text",
+        "logs.mismatch[].sig": "string: signature id (gloo_size_mismatch, fingerprint_mismatch, nccl_mismatched_collective)",
+        "logs.mismatch[].ranks": "list<int>: ranks the message names",
+        "logs.mismatch[].reporter": "int: rank whose log line it is (null for DETAIL fingerprints, which name both ranks)",
+        "logs.mismatch[].op": "string: op type of the first rank named",
+        "logs.mismatch[].op2": "string: op type of the second rank named",
+        "logs.mismatch[].shape": "string: tensor shape of the first rank named",
+        "logs.mismatch[].shape2": "string: tensor shape of the second rank named",
+        "logs.mismatch[].text": "string: the log line",
+        "logs.init_timeouts[].rank": "int: rank that timed out waiting at init",
+        "logs.init_timeouts[].world_size": "int: world size the message names",
+        "logs.init_timeouts[].joined": "int: ranks that had joined",
+        "logs.init_timeouts[].text": "string: the log line",
+        "logs.long_work[].rank": "int: rank that announced it",
+        "logs.long_work[].what": "string: Evaluation, saving checkpoint, Running tokenizer on dataset, ...",
+        "logs.long_work[].text": "string: the log line",
+        "logs.duplicate_gpu[].host": "string: host",
+        "logs.duplicate_gpu[].bus_id": "string: PCI bus id NCCL printed",
+        "logs.duplicate_gpu[].ranks": "list<int>: ranks on that GPU",
+        "logs.duplicate_gpu[].source": "string: 'NCCL warning' (Duplicate GPU detected) | 'NCCL init lines' (Init START/COMPLETE of one communicator)",
+        "logs.duplicate_gpu[].text": "string: one line saying which ranks share which GPU",
+        "logs.xids[].code": "int: Xid code",
+        "logs.xids[].pci": "string: PCI address of the GPU (PCI:0000:3b:00)",
+        "logs.xids[].host": "string: host (syslog prefix or file name)",
+        "logs.xids[].rank": "int: rank of the process named, when the launcher maps its pid",
+        "logs.xids[].text": "string: the kernel log line",
+        "logs.xid_codes": "list<int>: distinct Xid codes seen",
+        "logs.compile.recompiles": "int: 'Recompiling function' lines",
+        "logs.compile.limit_hits": "int: recompile/cache-size limit warnings",
+        "logs.compile.functions": "map<string,int>: recompiles per function name",
+        "logs.compile.reasons": "list<string>: last guard-failure reasons printed",
+        "logs.amp.skips": "int: fp16 overflow skip messages",
+        "logs.amp.min_scale": "float: smallest loss scale reported after a skip (null when none)",
+        "logs.amp.at_minimum": "bool: a loss scaler reported it is at its minimum scale",
+        "logs.by_rank": "map<string,map>: per rank: state (dead|failed|waiting|exited_cascade|seen), exitcode, signal, first_error, exception, kinds",
+        "logs.world_size": "int: largest world size a log names (NCCL nranks, store barrier, failure summary)",
+    }
+
+    # -- offline ---------------------------------------------------------------------------
+
+    def unexplained_state(self, facts: dict[str, Any]) -> dict[str, str] | None:
+        """Errors in the logs are not a healthy job, even when no rule can name their cause; nor
+        are errors that only follow someone else's failure (a peer lost, a remote error). Ranks
+        still waiting (and none exited) read as hung, anything else as crashed."""
+        logs = facts.get("logs") or {}
+        cascade = next((e for e in logs.get("events") or [] if e.get("role") == "cascade"), None)
+        first = logs.get("first_failure") or logs.get("first_error") or cascade
+        if not (logs.get("waits") or first):
+            return None
+        state = "hung" if logs.get("waits") and not logs.get("exited_ranks") else "crashed"
+        what = str((first or {}).get("text") or (first or {}).get("kind") or "errors")
+        return {"state": state, "what": what}
+    def sniff(self, sample: Sample) -> bool:
+        return sniff.sniff(sample)
+
+    def also_sniff(self, sample: Sample) -> bool:
+        """Read a file another kind owns when it also holds failure evidence (see :mod:`.sniff`)."""
+        return sniff.also_sniff(sample)
+
+    def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
+        try:
+            result = scan.scan_file(path, rel, hints.rank, hints.host)
+        except OSError as exc:
+            raise EvidenceError(rel, f"cannot read ({exc.strerror or exc})") from None
+        if result.lines == 0:
+            raise EvidenceError(rel, "empty log")
+        return Parsed(self.name, rel, result.to_json(), hints.rank, hints.host)
+
+    def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
+        facts[self.name] = build_facts([p.data for p in parsed])
+        job = facts["job"]
+        job["ranks_seen"] = sorted(set(job.get("ranks_seen") or [])
+                                   | {r for p in parsed for r in p.data["ranks"]})
+        job["hosts"] = sorted(set(job.get("hosts") or []) | {h for p in parsed for h in p.data["hosts"]
+                                                             if h and h != "localhost"})
+        set_world_size(facts, facts[self.name]["world_size"])
+
+    # -- live ------------------------------------------------------------------------------
+    def collect(self, ctx: Any) -> None:
+        live.collect(ctx)
+
+
+PROBE = LogsProbe()

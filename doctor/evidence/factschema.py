@@ -144,9 +144,8 @@ def validate(value: Any, path: str, types: dict[str, FactType], problems: list[s
         return
     if typ.kind == "open":
         elem = typ.items[0]
-        for key, item in list(value.items())[:200]:
-            sub = types.get(f"{path}.{key}")
-            validate(item, f"{path}.{key}", types, problems, sub or elem, limit)
+        for item in list(value.values())[:200]:  # keys are data: values live at ``path[]``
+            validate(item, path + "[]", types, problems, types.get(path + "[]") or elem, limit)
         return
     for key, item in value.items():  # a record: every field is declared on its own
         validate(item, f"{path}.{key}", types, problems, None, limit)

@@ -40,9 +40,11 @@ def looks_like_q_sections(text: str) -> bool:
     ("Pending                           : Yes"), so one known section header plus mostly padded
     lines is enough, while ordinary ``key: value`` files are not claimed."""
     body = text[:20000]
+    if not _Q_KEYS.search(body):  # cheap and decisive: most files have no -q section header
+        return False
     lines = [ln for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("```")]
     padded = len(_Q_PADDED.findall(body))
-    return bool(_Q_KEYS.search(body)) and padded >= 3 and padded >= 0.6 * (len(lines) - len(_Q_KEYS.findall(body)))
+    return padded >= 3 and padded >= 0.6 * (len(lines) - len(_Q_KEYS.findall(body)))
 
 
 class Node:

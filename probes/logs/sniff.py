@@ -40,11 +40,17 @@ _NOT_LOG_NAMES = (".py", ".pyc", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".rs"
                   ".rst", ".pkl", ".pt", ".gz", ".zip", ".tar")
 
 
+#: Control bytes that do not occur in text (tab, newlines, form feed and ESC are text).
+_CONTROL = bytes(b for b in range(32) if b < 9 or 13 < b < 32 and b != 27)
+
+
 def _is_binary(raw: bytes) -> bool:
+    """More than 5 % control bytes in the first 8 KiB (counted by ``translate``, in C: this
+    runs on every file of a folder, 16k of them for a large job)."""
     sample = raw[:8192]
     if not sample:
         return False
-    bad = sum(1 for b in sample if b < 9 or 13 < b < 32 and b != 27)
+    bad = len(sample) - len(sample.translate(None, _CONTROL))
     return bad / len(sample) > 0.05
 
 

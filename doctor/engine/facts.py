@@ -85,7 +85,7 @@ def items_from_folder(folder: Path) -> list[Item]:
     """Every regular file under ``folder`` with hints from its path; hidden entries are left out
     by design, everything else that is not read (links, FIFOs, devices, unreadable folders, files
     past the cap) comes back as a skipped item with the reason."""
-    if folder.is_file() and not folder.is_symlink():
+    if folder.is_file():  # named by the user: read even through a link (links *inside* are not)
         return [Item(folder, folder.name, None, Hints.from_path(folder.name))]
     items: list[Item] = []
     skipped: list[Item] = []

@@ -155,7 +155,7 @@ class _Parser:
         self.take("(")
         var = self.take().text
         self.take(",")
-        if recv is not None and recv.endswith("[]") is False:
+        if recv is not None:
             self.paths.add(recv)
         self.scopes.append({var: None if recv is None else recv + "[]"})
         try:

@@ -6,7 +6,7 @@ file is its own (by content, with the file name only as a hint), lets it parse t
 lets it add its namespace to the facts. Everything else the engine and the live layer need to
 know about a kind is declared here too, so that adding a kind never means editing them: whether
 it runs in the first live round, the follow-ups rules may ask of it, whether and how it shows the
-job's state, how it scrubs its own artifacts (sos's ``postproc``), and what it adds to reports.
+job's state, how it scrubs its own artifacts (sos's ``postproc``).
 """
 
 from __future__ import annotations
@@ -24,16 +24,12 @@ _DUMP_RANK_RE = re.compile(r"(?:^|[_-])dump_(\d{1,6})$")
 _HOST_RE = re.compile(r"(?:^|[^a-z0-9])((?:node|host|gpu-?node|worker|compute)[-_]?\d{1,5}[a-z0-9-]*)", re.I)
 
 
-#: Control bytes that do not occur in text (tab, newlines, form feed and ESC are text).
-_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13, 27))
-
-
 @dataclass(frozen=True)
 class Sample:
     """The start of a file, enough to recognize its kind without reading it all.
 
     The dispatcher reads it once and every probe's ``sniff`` sees the same object, so what
-    several sniffers derive from it (the decoded text, its lines) is computed once and cached.
+    several sniffers derive from it (the decoded text) is computed once and cached.
     """
 
     path: Path
@@ -45,20 +41,9 @@ class Sample:
     def text(self) -> str:
         return self.raw.decode("utf-8", errors="replace")
 
-    @cached_property
-    def lines(self) -> list[str]:
-        """``text.splitlines()``; treat as read-only (it is shared by every sniffer)."""
-        return self.text.splitlines()
-
     @property
     def is_binary(self) -> bool:
         return b"\x00" in self.raw[:4096] and not self.raw.startswith(b"\x80")
-
-    @cached_property
-    def control_share(self) -> float:
-        """Share of control bytes in the first 8 KiB (NULs dropped): high for binary formats."""
-        head = self.raw[:8192].replace(b"\x00", b"")
-        return (len(head) - len(head.translate(None, _CONTROL))) / len(head) if head else 0.0
 
     @classmethod
     def read(cls, path: Path) -> Sample:
@@ -190,32 +175,11 @@ class Probe:
         (sos's ``postproc``); the generic secret scrubber runs after it on every artifact."""
         return data
 
-    def report_sections(self, facts: dict[str, Any]) -> list[Section]:
-        """Sections this kind adds to every report (tables of its own facts)."""
-        return []
 
 
 #: Follow-up names that the live loop itself answers (another stack/process snapshot after a
 #: longer gap); every other follow-up name belongs to some probe's ``follow_ups``.
 LOOP_FOLLOW_UPS = ("snapshots", "stacks_snapshot")
-
-
-@dataclass
-class Section:
-    """A report section a probe contributes: a titled table, rendered the same way by every
-    renderer (terminal, Markdown, HTML, TUI) without knowing the kind it came from."""
-
-    id: str
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    note: str = ""
-    #: Row indexes to highlight (a culprit's row).
-    marked: list[int] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "title": self.title, "columns": self.columns, "rows": self.rows,
-                "note": self.note, "marked": self.marked}
 
 
 def set_world_size(facts: dict[str, Any], value: int | None) -> None:

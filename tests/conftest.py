@@ -12,7 +12,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
-SHARED = ROOT.parent / "shared"
 
 
 def mldoctor(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,

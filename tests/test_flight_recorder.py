@@ -28,7 +28,7 @@ from doctor.evidence.contract import CollectContext, Hints, ProbeSkipped, RankPr
 from doctor.evidence.errors import EvidenceError
 from doctor.evidence.unpickle import UnpickleError, safe_loads
 
-from .conftest import FIXTURES, ROOT, SHARED, diagnose_json, mldoctor
+from .conftest import FIXTURES, ROOT, diagnose_json, mldoctor
 
 NVRX = FIXTURES / "fr" / "nvrx"
 GLOO = FIXTURES / "fr" / "gloo"
@@ -160,11 +160,12 @@ def test_sniff_claims_dumps_by_content_and_leaves_ground_truth_alone(tmp_path):
     assert not probe.sniff(Sample.read(log))
     (tmp_path / "notes.json").write_text('{"entries": 3, "name": "x"}')
     assert not probe.sniff(Sample.read(tmp_path / "notes.json"))
-    shared = SHARED / "external" / "nvrx-fr-traces" / "gpu_error_1st"
-    if shared.is_dir():  # the original folder, ground truth included: FR reads only the dumps
-        facts = fr_facts(shared)
-        assert facts["flight_recorder"]["dumps"] == 16
-        assert "fault_injection.log" not in str(facts["evidence"]["errors"])
+    # The case as it was published, ground truth beside the dumps: FR reads only the dumps.
+    folder = copy_dumps(NVRX / "gpu_error_1st", tmp_path / "published")
+    shutil.copy(log, folder / "fault_injection.log")
+    facts = fr_facts(folder)
+    assert facts["flight_recorder"]["dumps"] == 16
+    assert "fault_injection.log" not in str(facts["evidence"]["errors"])
 
 
 def test_parse_nccl_pickle_gloo_pickle_and_json():

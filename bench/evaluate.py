@@ -68,6 +68,7 @@ for p in (ROOT, BENCH):  # bench/*.py are scripts, imported here by file name
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+import sealed  # noqa: E402  (bench/sealed.py: the sealed split's rules)
 
 # --------------------------------------------------------------------------- cases
 
@@ -134,6 +135,8 @@ def load_cases(root: Path = CASES, patterns: list[str] | None = None) -> list[Ca
             problems.append(f"evidence {case.evidence} does not exist")
         if t.get("origin") == "public" and not str(t.get("source", "")).startswith("https://"):
             problems.append("a public case needs its thread URL in source:")
+        if sealed.is_sealed(name) and not (t.get("batch") and t.get("origin") == "public"):
+            problems.append("a sealed case is public and names its batch")
         if not isinstance(t.get("expect_pass"), bool):
             problems.append("expect_pass must be true or false")
         if problems:
@@ -333,6 +336,8 @@ def evaluate(cases: list[Case], repeat: int = 1, cli: bool = False, alternatives
                 out.error = out.error or err
             row: dict[str, Any] = {
                 "case": case.name, "kind": case.kind, "origin": case.truth["origin"],
+                "sealed": sealed.is_sealed(case.name), "batch": case.truth.get("batch", ""),
+                "ticket": bool(case.truth.get("ticket")), "red_herring": bool(case.truth.get("red_herring")),
                 "truth": {"state": case.truth["state"], "cause": case.cause, "evidence": case.truth.get("evidence", ""),
                           "also": case.truth.get("also_acceptable", []), "ranks": case.culprits},
                 "source": case.truth.get("source", ""), "expect_pass": case.truth["expect_pass"],
@@ -348,7 +353,9 @@ def evaluate(cases: list[Case], repeat: int = 1, cli: bool = False, alternatives
                 row["pyspy"] = {"dumps": len(groups), "groups": len(set(groups))} if groups else None
                 row["torchfrtrace"] = torchfrtrace(case, path)
             rows.append(row)
-            if progress:
+            if progress and row["sealed"]:  # aggregate only: a sealed miss is not to be looked up
+                print(f"[{i + 1}/{len(cases)}] (sealed case)", file=sys.stderr, flush=True)
+            elif progress:
                 mark = "ok " if row["right"] else "MISS"
                 print(f"[{i + 1}/{len(cases)}] {mark} {case.name}: {_said(row)} ({out.seconds:.2f} s)",
                       file=sys.stderr, flush=True)
@@ -412,21 +419,71 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summarize_sealed(rows: list[dict[str, Any]], cases: list[Case]) -> dict[str, Any]:
+    """The sealed split in aggregate only (bench/sealed.py says why), with the first-sight figures
+    each batch recorded when it was added next to today's."""
+    s = summarize(rows)
+    out = {k: s[k] for k in ("n", "faults", "healthy", "top1", "top3", "right", "false_alarms", "by_kind")}
+    out["state_ok"] = [sum(bool(r["state_ok"]) for r in rows), len(rows)]
+    tickets = [r for r in rows if r["ticket"] and r["top1"] is not None]
+    out["tickets_top1"] = [sum(bool(r["top1"]) for r in tickets), len(tickets)]
+    herrings = [r for r in rows if r["red_herring"]]
+    out["red_herrings_alarmed"] = [sum(r["got"]["alarms"] > 0 for r in herrings if r["truth"]["cause"] is None), len(herrings)]
+    batches: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        fr = case.truth.get("first_run") or {}
+        b = batches.setdefault(str(case.truth.get("batch", "?")), {"n": 0, "top1": [0, 0], "top3": [0, 0], "right": [0, 0]})
+        b["n"] += 1
+        for key in ("top1", "top3", "right"):
+            if fr.get(key) is not None:
+                b[key][0] += bool(fr[key])
+                b[key][1] += 1
+    out["batches_first_sight"] = batches
+    return out
+
+
+def record_first_run(cases: list[Case]) -> str:
+    """Run mldoctor once on each sealed case that has no ``first_run`` yet and append what it said
+    to the case's truth.yaml (as text: the label above stays exactly as written). Returns a
+    one-line aggregate; the per-case answers stay in the files."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "doctor", "probes", "rules", "playbooks"],
+                           cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = head[:12] + (" + uncommitted changes" if dirty else "")
+    done = []
+    with tempfile.TemporaryDirectory(prefix="mldoctor-first-run-") as tmp:
+        for case in cases:
+            if not sealed.is_sealed(case.name) or case.truth.get("first_run"):
+                continue
+            out = diagnose_inprocess(stage(case, Path(tmp) / case.name))
+            sc = score(case, out)
+            block = {"date": dt.date.today().isoformat(), "commit": commit, "state": out.state,
+                     "top": [f["cause"] for f in out.top], "top1": sc["top1"], "top3": sc["top3"],
+                     "right": bool(sc["right"])}
+            text = (case.folder / "truth.yaml").read_text()
+            text = text.rstrip("\n") + "\n# recorded by bench/evaluate.py --record-first-run when the case was added; never edit\n"
+            text += yaml.safe_dump({"first_run": block}, sort_keys=False, default_flow_style=None)
+            (case.folder / "truth.yaml").write_text(text)
+            done.append(sc)
+    faults = [d for d in done if d["top1"] is not None]
+    return (f"recorded {len(done)} first runs: top-1 {sum(bool(d['top1']) for d in faults)}/{len(faults)}, "
+            f"top-3 {sum(bool(d['top3']) for d in faults)}/{len(faults)}, right {sum(bool(d['right']) for d in done)}/{len(done)}")
+
+
 # --------------------------------------------------------------------------- live and scale
 
 
 def _rank_pids(launcher: int) -> dict[int, int]:
     """Rank -> pid of a running torchrun job (a process whose parent is a rank is a worker)."""
+    from doctor.evidence import procfs
     from doctor.live import demo
 
     ranks: dict[int, int] = {}
     for pid in demo.descendants(launcher):
-        with contextlib.suppress(OSError):
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if rank is not None and ppid not in ranks.values():
-                ranks.setdefault(rank, pid)
+        env, stat = procfs.environ(pid) or {}, procfs.stat(pid)
+        rank = env.get("RANK", "")
+        if rank.isdigit() and stat and int(stat[1]) not in ranks.values():
+            ranks.setdefault(int(rank), pid)
     return ranks
 
 
@@ -588,7 +645,8 @@ def scale(repeat: int = 3, stack_ranks: tuple[int, ...] = (1024, 4096, 16384), f
 
 OTHER = [("bench_core.py", []), ("bench_logs.py", ["--mib", "32", "--runs", "3"]), ("bench_metrics.py", []),
          ("bench_gpu.py", []), ("bench_tui.py", []), ("bench_traindoctor.py", []),
-         ("bench_slow.py", ["--repeats", "3"])]
+         ("bench_slow.py", ["--repeats", "3"]), ("bench_stacks.py", ["16384"]),
+         ("bench_ticket.py", ["--runs", "5"])]
 
 
 def other_benches(timeout: float = 900) -> list[dict[str, Any]]:
@@ -627,7 +685,9 @@ def _cell(s: str) -> str:
 
 
 def _host() -> str:
-    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    from doctor.evidence import procfs
+
+    load = procfs.loadavg()
     return f"{os.cpu_count()} cores, load average {load} when it started, Python {sys.version.split()[0]}"
 
 
@@ -660,8 +720,27 @@ def render(data: dict[str, Any]) -> str:
                 L += [f"### {o['script']}", "", "not in this tree yet (written by another engineer); re-run when it lands.", ""]
             else:
                 L += [f"### {o['script']} {' '.join(o.get('args', []))}", "", "```", o["output"] or "(no output)", "```", ""]
+    L += _render_coverage()
     L += ["<!-- " + DATA_MARK, json.dumps(data, sort_keys=True), "-->", ""]
     return "\n".join(L)
+
+
+def _render_coverage() -> list[str]:
+    """Signature coverage of the harvested upstream message families, recomputed at every render
+    (it depends only on the tree, not on a run): the same table `mldoctor rules coverage` prints."""
+    from doctor.cli.main import coverage_table
+    from doctor.evidence import plugins
+
+    rows = [row for p in plugins.probes() for row in p.coverage()]
+    if not rows:
+        return []
+    return ["## Signature coverage of the upstream message families", "",
+            "Each family's message templates are harvested from its primary source (the upstream code or "
+            "the vendor's documentation, `probes/logs/templates/*.yaml`, each with its `source:` and a "
+            "concrete example line). A fault template counts as covered when its example, read by the "
+            "real log scanner, yields an event of a specific (not catch-all) signature. Command: "
+            "`mldoctor rules coverage` (`--missing` lists the uncovered templates, `--json` everything).", "",
+            coverage_table(rows), ""]
 
 
 def _render_accuracy(acc: dict[str, Any]) -> list[str]:
@@ -699,6 +778,7 @@ def _render_accuracy(acc: dict[str, Any]) -> list[str]:
           "labelled with the diagnosis given there (URL per case). A public case counts as *seen while writing rules* "
           "(\"cited by a rule\" below) when its URL appears in rules/, probes/logs/patterns/, probes/ or playbooks/, or its "
           "evidence file is a rule's test case.", ""]
+    L += _render_sealed(acc.get("sealed") or {})
     misses = [r for r in rows if not r["right"]]
     L += ["### Misses", ""]
     if not misses:
@@ -740,6 +820,27 @@ def _render_accuracy(acc: dict[str, Any]) -> list[str]:
     L += [""]
     L += _render_alternatives(rows)
     return L
+
+
+def _render_sealed(ss: dict[str, Any]) -> list[str]:
+    L = ["### Sealed split", "",
+         "Cases collected blind (label written before mldoctor ran, first answer recorded in the case and never "
+         "edited), never cited by any rule, signature, test, fixture or doc (a CI check, `tests/test_sealed.py`). "
+         "They are reported in aggregate only and are not part of the figures above; `bench/sealed.py` says how "
+         "the split is kept sealed.", ""]
+    if not ss.get("n"):
+        return L + ["No sealed case yet.", ""]
+    L += ["| measure | sealed |", "| --- | --- |",
+          f"| cases (fault / healthy) | {ss['n']} ({ss['faults']} / {ss['healthy']}) |",
+          f"| top-1 accuracy | {_pct(ss['top1'])} |", f"| top-3 accuracy | {_pct(ss['top3'])} |",
+          f"| right (top-1 and exact culprit ranks; healthy: no alarm) | {_pct(ss['right'])} |",
+          f"| job state right | {_pct(ss['state_ok'])} |",
+          f"| top-1 on cases kept as the whole ticket | {_pct(ss['tickets_top1'])} |",
+          f"| false alarms on healthy cases | {_pct(ss['false_alarms'])} |", "",
+          "| batch | cases | first sight top-1 | first sight top-3 | first sight right |", "| --- | --- | --- | --- | --- |"]
+    for name, b in sorted(ss.get("batches_first_sight", {}).items()):
+        L.append(f"| {name} | {b['n']} | {_pct(b['top1'])} | {_pct(b['top3'])} | {_pct(b['right'])} |")
+    return L + [""]
 
 
 def _render_alternatives(rows: list[dict[str, Any]]) -> list[str]:
@@ -864,20 +965,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-accuracy", action="store_true", help="keep the last accuracy results (with --live/--scale/--other)")
     ap.add_argument("--out", type=Path, default=DOC, help="the document to (re)write (default docs/benchmarks.md)")
     ap.add_argument("--json", type=Path, help="also write this run's accuracy rows as JSON here")
+    ap.add_argument("--record-first-run", action="store_true",
+                    help="run once on the (matching) sealed cases without a first_run and record it in their truth.yaml")
     args = ap.parse_args(argv)
 
     cmd = "python bench/evaluate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     data = load_data(args.out)
+    if args.record_first_run:
+        print(record_first_run(load_cases(patterns=args.cases)), file=sys.stderr)
+        return 0
     if not args.skip_accuracy:
         cases = load_cases(patterns=args.cases)
         rows = evaluate(cases, args.repeat, args.cli, not args.no_alternatives, progress=True, cli_repeat=args.cli_repeat)
-        summary = summarize(rows)
+        dev = [r for r in rows if not r["sealed"]]
+        sealed_summary = summarize_sealed([r for r in rows if r["sealed"]], [c for c in cases if sealed.is_sealed(c.name)])
+        summary = summarize(dev)
         if args.cases:  # a partial run: show it, keep the document's full results
-            print(json.dumps(summary, indent=1))
+            print(json.dumps({"dev": summary, "sealed": sealed_summary}, indent=1))
         else:
-            data["accuracy"] = {**_stamp(cmd.strip()), "rows": rows, "summary": summary}
+            data["accuracy"] = {**_stamp(cmd.strip()), "rows": dev, "summary": summary, "sealed": sealed_summary}
         if args.json:
-            args.json.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+            args.json.write_text(json.dumps({"rows": dev, "summary": summary, "sealed": sealed_summary}, indent=1))
+        if sealed_summary["n"]:
+            ss = sealed_summary
+            print(f"sealed: top-1 {_pct(ss['top1'])}, top-3 {_pct(ss['top3'])}, right {_pct(ss['right'])}, "
+                  f"false alarms {_pct(ss['false_alarms'])} on {ss['n']} cases", file=sys.stderr)
         s = summary
         print(f"top-1 {_pct(s['top1'])}, top-3 {_pct(s['top3'])}, right {_pct(s['right'])}, "
               f"false alarms {_pct(s['false_alarms'])}, culprit P/R {_f(s['culprit_precision'])}/{_f(s['culprit_recall'])}; "

@@ -5,7 +5,8 @@
 Regenerates docs/benchmarks.md with: accuracy on every case (in-process and through the real CLI,
 with py-spy stack counts and torchfrtrace side by side), the live scenarios and the 4/8/16-rank
 time to verdict, the 1k/4k/16k-rank stacks and 1k-rank flight-recorder scale runs with memory
-peaks, and the printed output of the other bench/*.py scripts. Takes tens of minutes; run it on a
+peaks, and the printed output of the other bench/*.py scripts (bench_ticket.py among them: a 1 MB
+Markdown ticket read against the same content as a plain log). Takes tens of minutes; run it on a
 quiet machine (timings are medians but a busy machine still skews them). Nothing is asserted.
 """
 

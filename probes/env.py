@@ -7,9 +7,12 @@ of an environment is where tokens live, and no rule needs it.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, ClassVar
+
+from doctor.probes import env_report
 
 from doctor.evidence.contract import (
     CollectContext,
@@ -22,6 +25,7 @@ from doctor.evidence.contract import (
 )
 from doctor.evidence.errors import EvidenceError
 from doctor.evidence.redact import env_key_allowed, filter_env_text, scrub
+from doctor.evidence.sections import Section, SectionContext
 
 _LINE = re.compile(r"^(?:export\s+|declare\s+-x\s+|setenv\s+)?([A-Za-z_][A-Za-z0-9_]*)(=|\s+)(.*)$")
 _KEYVAL = re.compile(r"^(?:export\s+|declare\s+-x\s+)?[A-Za-z_][A-Za-z0-9_]*=")
@@ -47,6 +51,11 @@ class EnvProbe(Probe):
     live_first_round: ClassVar[bool] = True
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"env": {}}
     max_bytes: ClassVar[int] = 16 * 1024 * 1024
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/env_capture/*/env-rank*.txt",
+        "tests/fixtures/env_capture/*/environ-rank*",
+        "tests/fixtures/evidence/*/env-rank*.txt",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "env.vars": "map<string,string>: allowlisted variables; where ranks disagree, the lowest rank's value",
         "env.values": "map<string,list<string>>: every distinct value seen per variable",
@@ -108,7 +117,10 @@ class EnvProbe(Probe):
                 ctx.add(f"env-rank{p.rank}.txt", "\n".join(lines) + "\n", rank=p.rank, pid=p.pid)
                 wrote += 1
         if not wrote:
-            raise ProbeFailed("no rank environment was readable (run as the job's user or root)")
+            if not ctx.ranks:
+                raise ProbeFailed("no rank process left to read (they exited, or are zombies)")
+            raise ProbeFailed("no rank environment was readable" + (
+                " (the processes exited, or are zombies)" if os.geteuid() == 0 else " (run as the job's user or root)"))
 
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
         ordered = sorted(parsed, key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.path))
@@ -137,6 +149,16 @@ class EnvProbe(Probe):
             if merged.get(key, "").isdigit():
                 set_world_size(facts, int(merged[key]))
                 break
+
+    # -- the report (doctor/probes/env_report.py) -----------------------------------------------
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        return env_report.sections(facts, context)
+
+    def job_label(self, facts: dict[str, Any]) -> str:
+        return env_report.job_label(facts)
+
+    def host_names(self, facts: dict[str, Any]) -> list[str]:
+        return env_report.host_names(facts)
 
 
 PROBE = EnvProbe()

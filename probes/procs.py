@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from doctor.evidence import procfs
 from doctor.evidence.contract import CollectContext, Hints, Parsed, Probe, ProbeFailed, Sample
 from doctor.evidence.errors import EvidenceError
 
@@ -26,40 +27,25 @@ IDLE_PCT = 5.0   # below this a rank is waiting
 MAIN_WAKEUPS = 3
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
 def read_process(pid: int) -> dict[str, Any] | None:
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
+    rest = procfs.stat(pid)
+    if rest is None:
         return None
-    # comm may contain spaces and parentheses: split after the last ')'.
-    rest = stat[stat.rfind(")") + 2:].split()
     state = rest[0]
     utime, stime = int(rest[11]), int(rest[12])
     threads = int(rest[17])
     rss_pages = int(rest[21])
     task_states: dict[str, int] = {}
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            ts = _read(f"/proc/{pid}/task/{tid}/stat")
-            if ts:
-                s = ts[ts.rfind(")") + 2:].split()[0]
-                task_states[s] = task_states.get(s, 0) + 1
-    except OSError:
-        pass
+    for tid in procfs.thread_ids(pid):
+        ts = procfs.stat(pid, tid)
+        if ts:
+            task_states[ts[0]] = task_states.get(ts[0], 0) + 1
     main_cpu = None
-    main_stat = _read(f"/proc/{pid}/task/{pid}/stat")
+    main_stat = procfs.stat(pid, pid)
     if main_stat:
-        f = main_stat[main_stat.rfind(")") + 2:].split()
-        main_cpu = (int(f[11]) + int(f[12])) / CLK_TCK
+        main_cpu = (int(main_stat[11]) + int(main_stat[12])) / CLK_TCK
     main_switches = None
-    main_status = _read(f"/proc/{pid}/task/{pid}/status")
+    main_status = procfs.read_text(pid, f"task/{pid}/status")
     if main_status:
         for line in main_status.splitlines():
             if line.startswith("voluntary_ctxt_switches:"):
@@ -67,13 +53,17 @@ def read_process(pid: int) -> dict[str, Any] | None:
     return {
         "pid": pid, "state": state, "cpu_s": (utime + stime) / CLK_TCK, "threads": threads,
         "main_cpu_s": main_cpu, "main_voluntary_switches": main_switches,
-        "rss_mb": round(rss_pages * PAGE / 2**20, 1), "wchan": (_read(f"/proc/{pid}/wchan") or "").strip(),
+        "rss_mb": round(rss_pages * PAGE / 2**20, 1), "wchan": (procfs.read_text(pid, "wchan") or "").strip(),
         "task_states": task_states,
     }
 
 
 class ProcsProbe(Probe):
     name: ClassVar[str] = "procs"
+    rank_state_order: ClassVar[int] = 40  # a process state says least about where a rank is
+    #: Kernel process states as people read them (the rank grid).
+    STATE_WORDS: ClassVar[dict[str, str]] = {"S": "sleeping", "R": "running", "D": "uninterruptible (D)",
+                                            "Z": "zombie", "T": "stopped", "I": "idle"}
     title: ClassVar[str] = "Process state"
     collects: ClassVar[str] = (
         "Run state, CPU seconds, threads, RSS and kernel wait channel of the launcher, every rank and "
@@ -86,10 +76,23 @@ class ProcsProbe(Probe):
     live_snapshots: ClassVar[bool] = True
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"procs": {"snapshot": "next"}}
     state_order: ClassVar[int] = 10
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/slow/*/bundle/hosts/*/procs/procs-snap*.json",
+        "tests/fixtures/slurm/bundle_*/hosts/*/procs/procs-snap*.json",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "procs.snapshots": "int: readings taken",
         "procs.interval_s": "float: seconds between the first and last reading",
         "procs.by_rank": "map<string,map>: per rank: pid, state, cpu_pct, threads, rss_mb, wchan, d_threads, workers, workers_alive",
+        "procs.by_rank[].pid": "int: the rank's process id",
+        "procs.by_rank[].state": "string: its /proc state letter at the last reading (R, S, D, ...)",
+        "procs.by_rank[].cpu_pct": "float: CPU use in % of a core between the first and last reading, null with one reading",
+        "procs.by_rank[].threads": "int: its threads",
+        "procs.by_rank[].rss_mb": "float: resident memory in MiB",
+        "procs.by_rank[].wchan": "string: kernel function the main thread sleeps in, '' when running or unreadable",
+        "procs.by_rank[].d_threads": "int: its threads in uninterruptible sleep (D)",
+        "procs.by_rank[].workers": "int: DataLoader worker processes it started",
+        "procs.by_rank[].workers_alive": "int: of them, still alive",
         "procs.busy_ranks": f"list<int>: ranks above {BUSY_PCT:.0f}% of a core between readings",
         "procs.idle_ranks": f"list<int>: ranks below {IDLE_PCT:.0f}% of a core between readings",
         "procs.d_state_ranks": "list<int>: ranks with a thread in uninterruptible sleep (D)",
@@ -201,6 +204,9 @@ class ProcsProbe(Probe):
         }
         ranks = set(facts["job"].get("ranks_seen") or []) | alive | dead
         facts["job"]["ranks_seen"] = sorted(ranks)
+
+    def describe_state(self, value: str) -> str:
+        return self.STATE_WORDS.get(value, value)
 
 
 PROBE = ProcsProbe()

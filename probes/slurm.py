@@ -218,6 +218,12 @@ class SlurmProbe(Probe):
     build_order: ClassVar[int] = 30
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"slurm": {}}
     max_bytes: ClassVar[int] = 64 * 1024 * 1024
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/slurm/*/sacct.txt",
+        "tests/fixtures/slurm/*/scontrol-show-job.txt",
+        "tests/fixtures/slurm/*/squeue.txt",
+        "tests/fixtures/slurm/bundle_*/slurm/*",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "slurm.job_id": "string: the job id (array jobs: 4242_7)",
         "slurm.name": "string: job name",
@@ -241,6 +247,11 @@ class SlurmProbe(Probe):
         "slurm.steps[].exit_status": "int: the step's exit status (-1 unknown)",
         "slurm.steps[].exit_signal": "int: the signal that ended the step (0 none, -1 unknown)",
         "slurm.steps[].nodes": "list<string>: the step's nodes, expanded",
+        "slurm.steps[].name": "string: step name (batch, extern, the command)",
+        "slurm.steps[].exit_code": "string: status:signal as SLURM prints it (1:0), empty when unknown",
+        "slurm.steps[].node_expr": "string: the step's nodes as SLURM writes them (node[1-2]), empty when unknown",
+        "slurm.steps[].n_nodes": "int: nodes the step ran on",
+        "slurm.steps[].elapsed_s": "int: the step's run time in seconds",
         "slurm.failed_steps": f"list<map>: steps (or the job itself) whose state is one of {', '.join(BAD_STATES)} (mldoctor's own collect steps left out): id, state, exit_code, nodes, node_expr",
         "slurm.failed_steps[].id": "string: step id, or the job id when only the job record says it",
         "slurm.failed_steps[].state": "string: the bad state",
@@ -248,6 +259,7 @@ class SlurmProbe(Probe):
         "slurm.failed_steps[].nodes": "list<string>: the step's nodes, expanded",
         "slurm.failed_steps[].node_expr": "string: the step's nodes as SLURM writes them (node[1-2]), empty when unknown",
         "slurm.sources": "list<string>: what was read: scontrol, sacct, squeue, fanout",
+        "slurm.fanout": "map: how mldoctor's own srun fan-out over the job's nodes went (live collection only)",
         "slurm.fanout.asked": "list<string>: nodes mldoctor asked to collect (srun over the job's nodes)",
         "slurm.fanout.answered": "list<string>: nodes whose fragment came back whole",
         "slurm.fanout.node_timeout_s": "float: seconds every node had to answer",
@@ -265,10 +277,14 @@ class SlurmProbe(Probe):
             return True
         if head.startswith("JobId=") and "JobState=" in text[:4000]:
             return True
-        first = text.splitlines()[0] if text else ""
+        # the first three lines, without splitting the whole sample when its head holds them
+        lines = text[:8192].splitlines()
+        if len(lines) < 4:
+            lines = text.splitlines()
+        first = lines[0] if text else ""
         if _SACCT_HEADER.match(first) and ("|" in first or "State" in first):
             return True
-        for ln in text.splitlines()[:3]:
+        for ln in lines[:3]:
             cols = ln.split()
             if "JOBID" in cols and ("ST" in cols or "STATE" in cols) and ("NODES" in cols or "PARTITION" in cols):
                 return True

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from doctor.evidence import procfs
 from doctor.evidence.contract import CollectContext, Hints, Parsed, Probe, Sample
 from doctor.evidence.errors import EvidenceError
 from doctor.evidence.redact import scrub
@@ -42,15 +43,8 @@ def _proc_limits(text: str) -> dict[str, int]:
 
 
 def _meminfo() -> dict[str, int]:
-    out = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            if k in ("MemTotal", "MemAvailable"):
-                out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
+    info = procfs.meminfo()
+    return {k: info[k] for k in ("MemTotal", "MemAvailable") if k in info}
 
 
 class SystemProbe(Probe):
@@ -65,6 +59,10 @@ class SystemProbe(Probe):
     build_order: ClassVar[int] = 20
     live_first_round: ClassVar[bool] = True
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"system": {}}
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/slow/*/bundle/hosts/*/system/system.json",
+        "tests/fixtures/slurm/bundle_*/hosts/*/system/system.json",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "system.cores": "int: online CPUs of the host",
         "system.affinity_cores": "int: CPUs the ranks may run on (smallest affinity seen)",
@@ -75,6 +73,8 @@ class SystemProbe(Probe):
         "system.shm_used_bytes": "int: bytes used in /dev/shm",
         "system.limits": "map<string,int>: smallest soft limit across ranks: memlock (bytes), nofile, nproc; -1 unlimited",
         "system.by_rank": "map<string,map>: per-rank limits",
+        "system.by_rank[].limits": "map<string,int>: the rank's soft limits: memlock (bytes), nofile, nproc; -1 unlimited",
+        "system.by_rank[].affinity": "int: CPUs the rank may run on (its affinity mask)",
         "system.disk": "list<map>: free space where ranks work: path, free_bytes, total_bytes",
         "system.disk[].path": "string: mount or folder",
         "system.disk[].free_bytes": "int: bytes free",
@@ -126,22 +126,20 @@ class SystemProbe(Probe):
         disks: dict[str, Any] = {}
         for p in ctx.ranks:
             entry: dict[str, Any] = {}
-            limits = None
-            try:
-                limits = _proc_limits(Path(f"/proc/{p.pid}/limits").read_text())
-            except OSError:
-                pass
-            entry["limits"] = limits or {}
+            limits_text = procfs.read_text(p.pid, "limits")
+            entry["limits"] = (_proc_limits(limits_text) if limits_text else None) or {}
             try:
                 entry["affinity"] = len(os.sched_getaffinity(p.pid))
             except OSError:
                 pass
-            try:
-                cwd = os.readlink(f"/proc/{p.pid}/cwd")
-                st = os.statvfs(cwd)
-                disks[cwd] = {"path": cwd, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
-            except OSError:
-                pass
+            cwd = procfs.link(p.pid, "cwd")
+            if cwd is not None:
+                try:
+                    st = os.statvfs(cwd)
+                    disks[cwd] = {"path": cwd, "free_bytes": st.f_bavail * st.f_frsize,
+                                  "total_bytes": st.f_blocks * st.f_frsize}
+                except OSError:
+                    pass
             ranks[str(p.rank)] = entry
         doc["ranks"] = ranks
         doc["disk"] = list(disks.values())

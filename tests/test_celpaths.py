@@ -54,6 +54,7 @@ def test_every_shipped_expression_parses() -> None:
     ("size(stacks.groups.map(g, g.rankz)) > 0", "stacks.groups[].rankz"),
     ("has(job.wrold_size)", "job.wrold_size"),
     ("job.world_size > 2 ? gpu.devicez : []", "gpu.devicez"),
+    ("metrics.nan.stepp > 3", "metrics.nan.stepp"),  # a field of a record (plain map) is checked
 ])
 def test_typos_after_indexes_macros_and_functions_are_caught(src: str, path: str) -> None:
     problems = celexpr.check_paths(src, facts_mod.schema(), NS)
@@ -66,6 +67,7 @@ def test_typos_after_indexes_macros_and_functions_are_caught(src: str, path: str
     "stacks.groups.exists(g, g.state == 'collective' && g.ranks.size() > 1)",
     '"gpu_oom" in logs.counts && logs.by_kind["gpu_oom"].exists(e, e.rank != null)',
     "'a.b' == 'a.b'",  # strings are not paths
+    "metrics.nan.step > 3",
 ])
 def test_correct_paths_pass(src: str) -> None:
     assert celexpr.check_paths(src, facts_mod.schema(), NS) == []

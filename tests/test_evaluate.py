@@ -43,9 +43,10 @@ def test_the_cases_are_many_diverse_and_sourced():
         assert c.truth["source"].startswith("https://github.com/") or c.truth["source"].startswith("https://"), c.name
         own = [p for p in c.folder.iterdir() if p.name != "truth.yaml"]
         assert own or c.truth.get("evidence"), f"{c.name}: no evidence beside its label"
-    # the misses are documented, not hidden
+    # the misses are documented, not hidden (sealed cases are judged in aggregate only: their
+    # first run is recorded in the case, and a note per miss would invite fitting rules to it)
     for c in CASES:
-        if not c.truth["expect_pass"]:
+        if not c.truth["expect_pass"] and not c.name.startswith("sealed-"):
             assert "MISS" in c.truth.get("note", ""), f"{c.name}: say why it is a miss"
 
 

@@ -2,7 +2,9 @@
 
 Each test fails on the code before the fix: manifests that read outside the bundle, symlinks and
 FIFOs, the quadratic scrubber, pickle, archive and YAML bombs, wrong-shape input, and report
-writes that follow planted links or overwrite the user's files.
+writes that follow planted links or overwrite the user's files; big JSON and big logs read and
+copied in bounded memory (peak RSS measured in a child), report.json of the wrong types or
+depth, and CEL expressions whose cost would explode.
 """
 
 from __future__ import annotations
@@ -274,3 +276,195 @@ def test_internal_error_exit_code_is_4(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert exc.value.code == 4 and "internal error" in capsys.readouterr().err
+
+
+# -- issue 18 item 11: bounded memory on big inputs ---------------------------------------------
+def _peak_mb(code: str, cwd: Path) -> float:
+    """Peak RSS (MB) of a grandchild running ``code``, read by a fresh child with RUSAGE_CHILDREN
+    (in pytest's own process that figure is the max over every child it ever ran)."""
+    import subprocess
+    import sys
+
+    wrapper = ("import resource, subprocess, sys\n"
+               "subprocess.run([sys.executable, '-c', sys.argv[1]], check=True)\n"
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", wrapper, code], check=True, cwd=cwd, timeout=240,
+                         capture_output=True, text=True).stdout
+    return int(out.split()[-1]) / 1024
+
+
+def test_trainer_state_json_is_read_in_bounded_memory(tmp_path):
+    n = 800_000
+    with open(tmp_path / "trainer_state.json", "w") as fh:
+        fh.write('{"best_metric": null, "log_history": [\n')
+        fh.write(",\n".join(f'{{"epoch": {i / 1e5:.4f}, "loss": {2 - i * 1e-7:.4f}, "step": {i}}}' for i in range(n)))
+        fh.write('], "max_steps": 2000000}\n')
+    size = (tmp_path / "trainer_state.json").stat().st_size / 2**20
+    peak = _peak_mb("from pathlib import Path; from doctor.evidence.contract import Hints\n"
+                    "from doctor.probes.metrics.readers.jsonl import read_json\n"
+                    "s = read_json(Path('trainer_state.json'), 't', Hints()); assert s[0].step.size == 800000", tmp_path)
+    assert peak < 8 * size + 120, (peak, size)  # whole-file json.loads: about 12x the file
+
+
+def test_flight_recorder_json_of_millions_of_entries_is_bounded(tmp_path):
+    from doctor.probes.flight_recorder.read import MAX_ENTRIES, load_dump
+
+    from doctor.evidence.contract import Hints
+
+    ents = ",".join(f'{{"process_group":["0",""],"collective_seq_id":{i}}}' for i in range(600_000))
+    (tmp_path / "d.json").write_text('{"version":"2.4","pg_config":{},"rank":0,"entries":[' + ents + "]}")
+    size = (tmp_path / "d.json").stat().st_size / 2**20
+    peak = _peak_mb("from pathlib import Path; from doctor.evidence.contract import Hints\n"
+                    "from doctor.probes.flight_recorder.read import load_dump\n"
+                    "d = load_dump(Path('d.json').read_bytes(), 'd', Hints(rank=0)); assert d.n_entries", tmp_path)
+    assert peak < 6 * size + 120, (peak, size)  # json.loads of the whole dump: about 16x
+    small = '{"rank": 0, "entries": [{"process_group": ["0", ""], "collective_seq_id": 1}], "pg_status": {}}'
+    d = load_dump(small.encode(), "s", Hints())
+    assert d.n_entries == 1 and d.pgs["0"].entries[0].seq == 1
+    assert MAX_ENTRIES < 600_000
+
+
+def test_out_copies_a_big_single_line_log_in_chunks(tmp_path):
+    token = "ghp_BiGlInEtOkEn0123456789abcdefghijkl"
+    src = tmp_path / "src"
+    src.mkdir()
+    line = ("step 1 loss=2.0 " * 70_000)
+    (src / "train.log").write_text((line * 8)[: 8 * 2**20] + " " + token + " " + (line * 8)[: 8 * 2**20] + "\n")
+    size = (src / "train.log").stat().st_size / 2**20
+    code = ("from pathlib import Path; from doctor.engine.report import Report; from doctor.render import output\n"
+            "rep = Report(verdict={'state': 'healthy', 'summary': ''}, findings=[], facts={}, source={})\n"
+            "output.write_outputs(rep, Path('out'), from_path=Path('SRC'))\n")
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "train.log").write_text("step 1 loss=2.0\n")
+    base = _peak_mb(code.replace("SRC", "small").replace("'out'", "'out0'"), tmp_path)
+    peak = _peak_mb(code.replace("SRC", "src"), tmp_path)
+    assert peak < base + 0.25 * size + 32, (peak, base, size)  # whole-file scrub: about 4x the file
+    arc = next((tmp_path / "out").glob("mldoctor-*.tar.gz"))
+    with tarfile.open(arc) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("loose/train.log"))
+        data = tar.extractfile(member).read()
+    assert token not in data.decode() and b"[REDACTED]" in data and len(data) > 16 * 2**20
+
+
+def test_scrub_stream_never_lets_a_secret_straddle_a_window(monkeypatch):
+    from doctor.evidence import redact
+
+    monkeypatch.setattr(redact, "CHUNK", 4096)
+    monkeypatch.setattr(redact, "OVERLAP", 512)
+    secrets = ["ghp_StRaDdLeToKeN0123456789abcdefghij", "password=StRaDdLePaSsWoRd77", "Bearer StRaDdLeBeArEr0123456789"]
+    pem = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join("StRaDdLePeM" + "x" * 60 for _ in range(200)) + "\n-----END RSA PRIVATE KEY-----\n"
+    # around the first cut (3584) and the first window's end (4096), where a token is cut short
+    for offset in [*range(3000, 4200, 37), *range(4040, 4100, 3)]:
+        for secret in secrets + [pem]:
+            text = "a" * offset + " " + secret + " tail " + "b" * 9000
+            for binary in (False, True):
+                out = io.BytesIO()
+                redact.scrub_stream(io.BytesIO(text.encode()).read, out.write, not binary)
+                got = out.getvalue().decode("latin-1")
+                assert "StRaDdLe" not in got, (offset, secret[:12], binary)
+                assert secret is pem or secret[-6:] not in got, (offset, secret[:12], binary)  # nor its tail
+                assert got.startswith("a" * offset) and got.endswith("b" * 9000)
+    plain = ("ordinary line 0.21 s\n" * 1000).encode()
+    out = io.BytesIO()
+    redact.scrub_stream(io.BytesIO(plain).read, out.write, True)
+    assert out.getvalue() == plain
+
+
+# -- issue 18 item 15: wrong types and deep nesting are input errors ----------------------------
+_REPORT = {"schema": "mldoctor.report/1", "verdict": {"state": "hung", "summary": "x"},
+           "findings": [{"cause": "c", "severity": "high", "confidence": 0.5, "ranks": [1]}]}
+
+
+@pytest.mark.parametrize("patch", [
+    {"findings": [{"cause": "c", "ranks": 5}]}, {"findings": [{"cause": "c", "confidence": "high"}]},
+    {"trace": "abc"}, {"verdict": "hung"}, {"findings": "x"}, {"probes": [1, 2]}, {"facts": {"job": 5}},
+    {"findings": [{"severity": ["x"]}]}, {"timing_s": [1]}, {"source": "s"}, {"not_evaluable": ["s"]},
+    {"rule_errors": [3]}, {"created": 3}, {"ranks": {"0": 5}, "facts": None},
+])
+def test_report_json_of_the_wrong_types_is_one_line(tmp_path, patch):
+    p = tmp_path / "report.json"
+    p.write_text(json.dumps({**_REPORT, **patch}))
+    with pytest.raises(UserError) as exc:
+        rep, _ = output.load_for_report(p)
+        for fmt in ("md", "html", "json"):
+            output.render_as(rep, fmt)
+    assert str(p) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_report_json_nested_deeply_is_one_line(tmp_path):
+    p = tmp_path / "report.json"
+    p.write_text('{"schema": "mldoctor.report/1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(UserError, match="nested too deeply"):
+        output.load_for_report(p)
+    deep: list = []
+    for _ in range(500):
+        deep = [deep]
+    p.write_text(json.dumps({**_REPORT, "facts": {"gpu": {"x": deep}}}))
+    with pytest.raises(UserError, match="nested deeper"):
+        output.load_for_report(p)
+
+
+def test_deep_facts_do_not_break_out(tmp_path):
+    """A 5 KB gpu.json nested 500 levels reached the facts and crashed ``--out`` (RecursionError)."""
+    from doctor.engine.report import Report
+
+    deep: list = []
+    for _ in range(500):
+        deep = [deep]
+    rep = Report(verdict={"state": "healthy", "summary": ""}, findings=[], facts={"gpu": {"x": deep}}, source={})
+    written = output.write_outputs(rep, tmp_path / "o")
+    assert output.CUT_DEEP in written["json"].read_text()
+
+
+def test_out_at_a_folder_and_an_unwritable_place_is_one_line(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UserError, match="is a folder"):
+        output.write_file(tmp_path / "d", "x")
+    from doctor.engine.report import Report
+
+    rep = Report(verdict={"state": "healthy", "summary": ""}, findings=[], facts={}, source={})
+    (tmp_path / "afile").write_text("x")
+    for place in (tmp_path / "afile" / "sub", Path("/proc/self/mldoctor-out")):  # /proc: read-only even for root
+        with pytest.raises(UserError) as exc:
+            output.write_outputs(rep, place)
+        assert "\n" not in str(exc.value)
+
+
+# -- CEL: compile errors are short, evaluation is bounded ---------------------------------------
+def test_cel_compile_error_does_not_echo_a_huge_expression():
+    from doctor.engine import celexpr
+
+    with pytest.raises(ValueError) as exc:
+        celexpr.compile_expr("(" * 20_000 + "1" + ")" * 20_001)
+    assert len(str(exc.value)) < 300
+
+
+def test_cel_nested_comprehensions_are_refused_before_running():
+    from doctor.engine import celexpr
+
+    src = "x.v.all(a, " * 9 + "a >= 0" + ")" * 9
+    ctx = celexpr.context({"x": {"v": list(range(10))}}, {"x"})
+    t0 = time.perf_counter()
+    with pytest.raises(celexpr.CostError, match="over the limit"):
+        celexpr.compile_expr(src).execute(ctx)
+    assert time.perf_counter() - t0 < 1  # was minutes (10^9 steps, the GIL held throughout)
+    assert celexpr.compile_expr("x.v.all(a, x.v.exists(b, b == a))").execute(ctx) is True
+
+
+def test_json_size_cap_and_entry_cap_are_one_line_notes(tmp_path, monkeypatch):
+    from doctor.probes.flight_recorder import read as fr_read
+    from doctor.probes.metrics.readers import jsonl
+
+    from doctor.evidence.contract import Hints
+    from doctor.evidence.errors import EvidenceError
+
+    p = tmp_path / "trainer_state.json"
+    p.write_text('{"log_history": [' + ",".join(['{"loss": 1.0, "step": 1}'] * 100) + "]}")
+    monkeypatch.setattr(jsonl, "LINE_FORMAT_MAX", 1024)
+    with pytest.raises(EvidenceError, match="over the 0 MiB limit for JSON metrics; skipped"):
+        jsonl.read_json(p, "trainer_state.json", Hints())
+    monkeypatch.setattr(fr_read, "MAX_ENTRIES", 10)
+    ents = ",".join(f'{{"process_group": ["0", ""], "collective_seq_id": {i}}}' for i in range(50))
+    d = fr_read.load_dump(('{"rank": 0, "entries": [' + ents + "]}").encode(), "fr.json", Hints())
+    assert d.n_entries == 10 and d.pgs["0"].entries[0].seq == 40
+    assert any("40 oldest entries dropped" in n for n in d.notes)

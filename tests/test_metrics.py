@@ -387,7 +387,7 @@ def test_chart_marks_events() -> None:
     assert root.tag.endswith("svg")
     assert "NAN @ 306" in svg and "(log y)" in svg  # a blow-up to 6e12 needs a log axis
     assert "learning rate jumped 100x" in svg  # the LR jump line carries its tooltip
-    svg = loss_chart_svg({"metrics": metrics_of(FIX / "spike")})
+    svg = loss_chart_svg(metrics_of(FIX / "spike"))
     assert "<circle" in svg and "step 400" in svg
     svg = loss_chart_svg(M.analyze(M.load_table([FIX / "divergence"])))
     assert "fill-opacity" in svg  # divergence shaded

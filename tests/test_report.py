@@ -79,7 +79,7 @@ def scenario_with_groups(tmp_path: Path) -> tuple[str, Report]:
     for name in ("extra_collective", "rank0_exclusive", "checkpoint_io", "lock_self", "slow_rank"):
         if (EVIDENCE / name).is_dir():
             rep = scenario_report(name, tmp_path)
-            if len(view.stack_groups(rep.facts)) >= 2:
+            if len(view.stack_groups(rep)) >= 2:
                 return name, rep
     pytest.skip("no captured scenario with two stack groups yet (tests/fixtures/evidence)")
 
@@ -156,12 +156,12 @@ def test_markdown_from_real_env_capture():
 
 def test_markdown_stack_groups_are_collapsible_and_show_the_difference(tmp_path):
     name, report = scenario_with_groups(tmp_path)
-    groups = view.stack_groups(report.facts)
+    groups = view.stack_groups(report)
     md = render_markdown(report)
     assert md.count("<details><summary>Group ") == len(groups)
     assert "<details><summary>Group 1: " in md and "(majority)" in md
     major, odd = groups[0], groups[1]
-    changed = [f for f, c in view.frame_diff(odd.frames, major.frames) if c]
+    changed = [f for f, c in view.frame_diff(odd.lines, major.lines) if c]
     assert changed, "the odd group's stack differs from the majority's"
     odd_block = md[md.index("<details><summary>Group 2: "):]
     odd_block = odd_block[: odd_block.index("</details>")]
@@ -280,7 +280,7 @@ def test_html_is_self_contained_and_escaped():
 def test_html_rank_state_grid_and_stack_diff(tmp_path):
     name, report = scenario_with_groups(tmp_path)
     page = render_html(report)
-    groups = view.stack_groups(report.facts)
+    groups = view.stack_groups(report)
     states = view.rank_states(report)
     for state, _ in view.states_summary(states):
         assert f'data-state="{state}"' in page
@@ -291,7 +291,7 @@ def test_html_rank_state_grid_and_stack_diff(tmp_path):
     cols = re.split(r'<div class="group(?: majority)?">', page)[1:]
     assert len(cols) == min(len(groups), 8)
     assert 'class="diff"' not in cols[0]  # the majority group is the reference
-    changed = [f for f, c in view.frame_diff(groups[1].frames, groups[0].frames) if c]
+    changed = [f for f, c in view.frame_diff(groups[1].lines, groups[0].lines) if c]
     assert cols[1].count('<li class="diff">') == len(changed) > 0
 
 

@@ -5,8 +5,8 @@ them, so ``mldoctor --help`` stays fast. User errors become one line on stderr a
 
 Exit codes: 0 healthy, 1 a problem was found, 2 bad usage or bad input (one line naming the
 file), 3 not enough evidence for a verdict, 4 internal error (a bug in mldoctor: please report
-it; MLDOCTOR_DEBUG=1 shows the traceback), 130 interrupted, 143 terminated (SIGTERM; temporary
-folders are removed on the way out).
+it; MLDOCTOR_DEBUG=1 shows the traceback), 130 interrupted (a live run prints the report of
+what it collected first), 143 terminated (SIGTERM; temporary folders are removed on the way out).
 """
 
 from __future__ import annotations
@@ -56,6 +56,31 @@ class Format(str, Enum):
     term = "term"
 
 
+#: A paste on stdin larger than this is refused: a log archive belongs in a file.
+MAX_PASTE = 256 * 2**20
+
+
+def _paste_file(from_: Path | None) -> Path | None:
+    """``--from -``: the paste on stdin (a ticket, a log, a dump), kept for the run in a private
+    temporary file (removed at exit) so it is read exactly as a file given by path would be."""
+    if from_ is None or str(from_) != "-":
+        return from_
+    import atexit
+    import shutil
+    import tempfile
+
+    data = sys.stdin.buffer.read(MAX_PASTE + 1)
+    if not data.strip():
+        raise UserError("--from -: nothing was given on stdin")
+    if len(data) > MAX_PASTE:
+        raise UserError(f"--from -: more than {MAX_PASTE >> 20} MiB on stdin; save it to a file and pass its path")
+    folder = Path(tempfile.mkdtemp(prefix="mldoctor-paste-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "stdin"
+    path.write_bytes(data)
+    return path
+
+
 def _fail(msg: str, code: int = 2) -> None:
     typer.echo(f"mldoctor: {msg}", err=True)
     raise typer.Exit(code)
@@ -70,24 +95,48 @@ def _emit(report, as_json: bool, verbose: bool = False) -> None:  # noqa: ANN001
         render(report, verbose=verbose)
 
 
+def _progress(quiet: bool, as_json: bool):  # noqa: ANN202 - Callable[[str], None] | None
+    """Live progress on stderr (rich), one line per step, so a person waiting sees which probe
+    and snapshot the run is at. Never on stdout; off with -q, and off with --json when stdout is
+    not a terminal (a script is reading the JSON and its stderr is often a log)."""
+    if quiet or (as_json and not sys.stdout.isatty()):
+        return None
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    return lambda text: console.print(f"[dim]mldoctor:[/dim] {text}", markup=True, soft_wrap=True)
+
+
 def _diagnose_live(pids: list[int] | None, slurm_job: str | None, symptom: str | None,
                    logs: list[Path] | None, rules: list[Path] | None, budget: float, duration: float,
-                   job: str | None, out: Path | None, redact_hosts: bool) -> Report:
+                   job: str | None, out: Path | None, redact_hosts: bool, progress=None,  # noqa: ANN001
+                   debug_server: str | None = None) -> Report:
     """A SLURM job through its own engine (srun --overlap), else the job on this host."""
     if slurm_job:
         from doctor.live import slurm
 
-        return slurm.diagnose_slurm_job(slurm_job, symptom=symptom, rules_dirs=rules, budget=budget,
-                                        out=out, redact_hosts=redact_hosts, duration=duration)
-    from doctor.live import agent
+        report = slurm.diagnose_slurm_job(slurm_job, symptom=symptom, rules_dirs=rules, budget=budget,
+                                          out=out, redact_hosts=redact_hosts, duration=duration)
+    else:
+        from doctor.live import agent
 
-    return agent.diagnose_live(pids=pids, symptom=symptom, logs=logs, rules_dirs=rules, budget=budget,
-                               duration=duration, job=job, out=out, redact_hosts=redact_hosts)
+        report = agent.diagnose_live(pids=pids, symptom=symptom, logs=logs, rules_dirs=rules, budget=budget,
+                                     duration=duration, job=job, out=out, redact_hosts=redact_hosts,
+                                     progress=progress, debug_server=debug_server)
+    _say_where(report, out)
+    return report
+
+
+def _say_where(report: Report, out: Path | None) -> None:
+    """A live --out whose names were taken wrote into a new run folder: say which."""
+    where = Path(report.source.get("bundle") or ".").parent
+    if out is not None and report.source.get("bundle") and where != out:
+        typer.echo(f"mldoctor: {out} already holds a bundle or report files; wrote into {where}", err=True)
 
 
 @app.command()
 def diagnose(
-    from_: Optional[Path] = typer.Option(None, "--from", help="A bundle (dir or .tar.gz) or a folder of loose evidence files."),
+    from_: Optional[Path] = typer.Option(None, "--from", help="A bundle (dir or .tar.gz), a folder of loose evidence files, a ticket (.md/.txt), or - for a paste on stdin."),
     pid: list[int] = typer.Option([], "--pid", help="Diagnose these processes (repeatable)."),
     slurm_job: Optional[str] = typer.Option(None, "--slurm-job", help="Every node of this SLURM job, through srun --overlap."),
     symptom: Optional[Symptom] = typer.Option(None, "--symptom", help="Optional hint; default: find out."),
@@ -100,16 +149,20 @@ def diagnose(
     job: Optional[str] = typer.Option(None, "--job", help="Which job on this host (launcher PID), when several run."),
     redact_hosts: bool = typer.Option(False, "--redact-hosts", help="Replace host names and IPs in what is written."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show the trace and the rules that could not be evaluated."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Live: no progress lines on stderr."),
+    debug_server: Optional[str] = typer.Option(None, "--debug-server", help="Live: url of the job's torch debug server (torch.distributed.debug; default http://localhost:25999)."),
 ) -> None:
     """Diagnose a job: live on this host (default), given PIDs, a SLURM job, or saved evidence."""
     try:
+        from_ = _paste_file(from_)
         if from_ is not None:
             from doctor.engine.diagnose import diagnose_path
 
             report = diagnose_path(from_, symptom.value if symptom else None, logs, rules)
         else:
             report = _diagnose_live(pid, slurm_job, symptom.value if symptom else None, logs, rules,
-                                    budget, duration, job, out, redact_hosts)
+                                    budget, duration, job, out, redact_hosts, _progress(quiet, as_json),
+                                    debug_server=debug_server)
         if out is not None and from_ is not None:
             from doctor.render.output import write_outputs
 
@@ -119,6 +172,14 @@ def diagnose(
     except (UserError, RuleError) as exc:
         _fail(str(exc))
         return
+    except KeyboardInterrupt as exc:  # Ctrl-C in a live run: what was found, then 130
+        partial = getattr(exc, "report", None)
+        if partial is None:
+            raise
+        _say_where(partial, out)
+        _emit(partial, as_json, verbose)
+        typer.echo("mldoctor: interrupted; the report above holds what was collected until then", err=True)
+        raise typer.Exit(130) from None
     _emit(report, as_json, verbose)
     raise typer.Exit(report.exit_code)
 
@@ -151,7 +212,7 @@ def facts(
     from doctor.engine.diagnose import gather_items
 
     try:
-        items, source, runs, _ = gather_items(from_)
+        items, source, runs, _ = gather_items(_paste_file(from_))
     except UserError as exc:
         _fail(str(exc))
         return
@@ -237,6 +298,42 @@ def rules_lint(rules: list[Path] = typer.Option([], "--rules")) -> None:
         typer.echo(p)
     typer.echo(f"{len(rs.rules)} rules, {len(problems)} problem(s)")
     raise typer.Exit(1 if problems else 0)
+
+
+@rules_app.command("coverage")
+def rules_coverage(
+    as_json: bool = typer.Option(False, "--json", help="Rows as JSON, with the uncovered templates."),
+    missing: bool = typer.Option(False, "--missing", help="Also list the uncovered templates."),
+) -> None:
+    """How many of each family's harvested upstream message templates a signature recognizes."""
+    from doctor.evidence import plugins
+
+    rows = [row for p in plugins.probes() for row in p.coverage()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    typer.echo(coverage_table(rows))
+    if missing:
+        for r in rows:
+            for u in r.get("uncovered", []):
+                typer.echo(f"{r['family']}: {u['template']!r} ({u['source']})")
+
+
+def coverage_table(rows: list[dict]) -> str:
+    """The Markdown table ``rules coverage`` prints (also pasted in docs/benchmarks.md)."""
+    out = ["| family | templates harvested | fault templates | with a signature | coverage |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+    tot_t = tot_f = tot_c = 0
+    for r in rows:
+        tot_t, tot_f, tot_c = tot_t + r["templates"], tot_f + r["fault_templates"], tot_c + r["covered"]
+        pct = f"{100 * r['coverage']:.0f} %" if r["fault_templates"] else "- (no fault templates)"
+        out.append(f"| {r['family']} | {r['templates']} | {r['fault_templates']} | {r['covered']} | {pct} |")
+    if rows:
+        pct = f"{100 * tot_c / tot_f:.0f} %" if tot_f else "-"
+        out.append(f"| **all** | {tot_t} | {tot_f} | {tot_c} | {pct} |")
+    sigs = {r.get("probe", ""): r.get("signatures", 0) for r in rows}
+    out += ["", "; ".join(f"{n} signatures in the {p} library" for p, n in sorted(sigs.items()))]
+    return "\n".join(out)
 
 
 @app.command()

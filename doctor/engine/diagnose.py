@@ -57,13 +57,20 @@ def analyze(items: list[facts_mod.Item], source: dict[str, Any], symptom: str | 
     facts, timing = facts_mod.build(items, source.get("type", "loose"), symptom, probe_runs)
     for key, value in (extra_facts or {}).items():
         if isinstance(value, dict) and isinstance(facts.get(key), dict):
-            facts[key].update(value)
+            for k, v in value.items():  # lists add up (a ticket's symptoms and the TUI's answers)
+                have = facts[key].get(k)
+                if isinstance(have, list) and isinstance(v, list):
+                    facts[key][k] = have + [x for x in v if x not in have]
+                elif v or not have:  # an empty answer never hides what the evidence said
+                    facts[key][k] = v
         else:
             facts[key] = value
     t_facts = time.perf_counter() - t0
     ev = facts["evidence"]
     trace.add("parse", f"{ev['files']} file(s) used as {', '.join(ev['kinds']) or 'nothing'}; "
                        f"{len(ev['ignored'])} ignored, {len(ev['errors'])} unusable")
+    for line in (ev.get("documents") or [])[:50]:  # a ticket's pieces: where each finding's evidence was
+        trace.add("ticket", f"read {line}")
     results, t_rules = engine.evaluate_all(ruleset, facts)
     fired = [r for r in results if r.status == "fired"]
     not_eval = [r for r in results if r.status == "not_evaluable"]

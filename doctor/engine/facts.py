@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doctor.evidence import plugins
+from doctor.evidence import plugins, ticket
 from doctor.evidence.bundle import Bundle
 from doctor.evidence.contract import Hints, Parsed, Sample, one_line, set_world_size  # noqa: F401 (re-exported)
 from doctor.evidence.errors import EvidenceError
@@ -36,6 +36,7 @@ BASE_SCHEMA: dict[str, str] = {
     "evidence.kinds": "list<string>: evidence kinds found",
     "evidence.files": "int: files used",
     "evidence.ignored": "list<string>: files no probe recognized",
+    "evidence.documents": "list<string>: (only when a ticket was read) pieces of tickets and pastes and the kind each was read as ('issue.md block 2, lines 9-40: logs')",
     "evidence.errors": "list<string>: one line per file that could not be used",
     "evidence.incomplete": "bool: some evidence was found and left unread (past a cap): never a healthy verdict",
     "evidence.unread": "int: entries found and not read (links, FIFOs, unreadable folders, files past the cap)",
@@ -153,16 +154,31 @@ def _claim(sample: Sample, probes: tuple[Any, ...]) -> Any | None:
 
 def _also(sample: Sample, probes: tuple[Any, ...], owner: Any | None) -> list[Any]:
     """Probes that read a file besides its owner (an optional ``also_sniff(sample)``): a trainer
-    log is evidence both of what failed (logs) and of how the loss went (metrics)."""
-    readers = [p for p in probes if p is not owner and getattr(p, "also_sniff", None)]
+    log is evidence both of what failed (logs) and of how the loss went (metrics). A probe that
+    declares ``also_reads`` is asked only about the files of those kinds and unclaimed ones."""
+    if not sample.size:
+        return []
+    owner_name = owner.name if owner is not None else None
     out = []
-    for p in readers:
+    for p in probes:
+        if p is owner or not getattr(p, "also_sniff", None):
+            continue
+        kinds = getattr(p, "also_reads", None)
+        if owner_name is not None and kinds is not None and owner_name not in kinds:
+            continue
         try:
-            if sample.size and p.also_sniff(sample):
+            if p.also_sniff(sample):
                 out.append(p)
         except Exception:  # same as sniff: never let one probe hide a file
             continue
     return out
+
+
+def dispatch(sample: Sample, probes: tuple[Any, ...]) -> tuple[Any | None, list[Any]]:
+    """The probe that owns a file (the highest-priority one whose sniff claims it) and the
+    probes that read it besides (``also_sniff``): what ``build`` does with every file."""
+    owner = _claim(sample, probes)
+    return owner, _also(sample, probes, owner)
 
 
 def build(items: list[Item], source: str, symptom: str | None = None,
@@ -174,6 +190,7 @@ def build(items: list[Item], source: str, symptom: str | None = None,
         {k: r.get(k, "") for k in ("name", "status", "reason", "host")} for r in (probe_runs or [])
     ]
     probes = plugins.probes()
+    items, scratch = list(items), ticket.Scratch()  # tickets add their pieces; files removed after
     by_name = {p.name: p for p in probes}
     parsed: dict[str, list[Parsed]] = {}
     timing: dict[str, float] = {}
@@ -188,6 +205,9 @@ def build(items: list[Item], source: str, symptom: str | None = None,
         t0 = time.perf_counter()
         try:
             sample = Sample.read(item.path)  # read once: the owner's sniff and the extra readers share it
+            if item.kind is None and ticket.is_document(sample):  # a ticket or paste: dispatch its pieces
+                items.extend(_pieces(item, probes, scratch, ev))
+                continue
             probe = by_name.get(item.kind) if item.kind else _claim(sample, probes)
         except OSError as exc:
             ev["errors"].append(f"{item.rel}: cannot read ({exc.strerror or exc})")
@@ -204,7 +224,7 @@ def build(items: list[Item], source: str, symptom: str | None = None,
             continue
         used = False
         for reader in ([probe] if probe is not None else []) + extra:
-            out = _parse_one(reader, item, ev["errors"])
+            out = _parse_one(reader, item, ev["errors"], sample.size)
             timing[reader.name] = timing.get(reader.name, 0.0) + time.perf_counter() - t0
             t0 = time.perf_counter()
             if out is None:
@@ -228,10 +248,11 @@ def build(items: list[Item], source: str, symptom: str | None = None,
     return facts, timing
 
 
-def _parse_one(probe: Any, item: Item, errors: list[str]) -> Parsed | list[Parsed] | None:
-    """Parse one file; on any failure add a one-line error and return None."""
+def _parse_one(probe: Any, item: Item, errors: list[str], size: int | None = None) -> Parsed | list[Parsed] | None:
+    """Parse one file; on any failure add a one-line error and return None. ``size`` is the one
+    the dispatcher's sample saw (no second stat per file)."""
     try:
-        size = item.path.stat().st_size
+        size = item.path.stat().st_size if size is None else size
         if size > probe.max_bytes:
             raise EvidenceError(item.rel, f"{size / 2**20:.0f} MiB is over the {probe.name} limit "
                                 f"of {probe.max_bytes / 2**20:.0f} MiB; skipped")
@@ -243,6 +264,15 @@ def _parse_one(probe: Any, item: Item, errors: list[str]) -> Parsed | list[Parse
     except Exception as exc:  # bad input must never take the diagnosis down
         errors.append(f"{item.rel}: could not parse as {probe.name} ({one_line(exc)})")
     return None
+
+
+def _pieces(item: Item, probes: tuple[Any, ...], scratch: ticket.Scratch, ev: dict[str, Any]) -> list[Item]:
+    """A ticket's blocks and prose as items (``doctor.evidence.ticket``), each block already
+    claimed by content; ``evidence.documents`` says which piece went where."""
+    pieces = ticket.expand(item.path, item.rel, item.hints, scratch, lambda s: getattr(_claim(s, probes), "name", None),
+                           {p.name for p in probes if p.joins_pieces}, [p.name for p in probes if p.reads_prose])
+    ev.setdefault("documents", []).extend(f"{rel}: {kind or 'not recognized'}" for _, rel, kind, _ in pieces)
+    return [Item(f, rel, kind, hints) for f, rel, kind, hints in pieces]
 
 
 def _derive_job(facts: dict[str, Any], parsed: dict[str, list[Parsed]]) -> None:

@@ -75,3 +75,106 @@ class Report:
         if include_facts:
             out["facts"] = self.facts
         return out
+
+
+# -- loading a written report.json ----------------------------------------------------------------
+#: report.json is mldoctor's own output: the facts it writes are capped far below this depth
+#: (``output.clean_value``), so a deeper document was not written by it, and walking one would
+#: hit Python's recursion limit somewhere in a renderer (an internal error instead of exit 2).
+MAX_DOC_DEPTH = 200
+
+_STR_FIELDS = ("cause", "rule", "rule_name", "title", "category", "severity", "state", "summary")
+_NUM_FIELDS = ("confidence", "score")
+_LIST_FIELDS = ("ranks", "hosts", "gpus", "evidence", "fix", "also_fired")
+_MAPS = ("verdict", "facts", "source", "job", "evidence", "ranks", "timing_s", "bundle", "tool")
+_LISTS_OF_MAPS = ("not_evaluable", "rule_errors", "probes", "trace")
+
+
+def _depth_over(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` nests deeper than ``limit`` (iterative: the check itself must not recurse)."""
+    stack = [(doc, 1)]
+    while stack:
+        obj, d = stack.pop()
+        if d > limit:
+            return True
+        if isinstance(obj, dict):
+            stack.extend((v, d + 1) for v in obj.values())
+        elif isinstance(obj, list):
+            stack.extend((v, d + 1) for v in obj)
+    return False
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number")
+
+
+def doc_problem(doc: Any) -> str | None:
+    """The first way ``doc`` differs from the shape mldoctor writes report.json in, as a short
+    phrase naming the field (``findings[0].confidence is a string, not a number``); None when
+    it can be rendered. Why check up front: every renderer reads these fields with their
+    written types, so a hand-edited or hostile report.json must be refused in one line (exit 2),
+    not crash a renderer half-way (exit 4, which says "a bug in mldoctor")."""
+    if not isinstance(doc, dict):
+        return f"the document is {_kind(doc)}, not an object"
+    if _depth_over(doc, MAX_DOC_DEPTH):
+        return f"nested deeper than {MAX_DOC_DEPTH} levels"
+    for key in _MAPS:
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            return f"{key} is {_kind(doc[key])}, not an object"
+    for key in _LISTS_OF_MAPS:
+        val = doc.get(key)
+        if val is None:
+            continue
+        if not isinstance(val, list):
+            return f"{key} is {_kind(val)}, not a list"
+        for i, item in enumerate(val):
+            if not isinstance(item, dict):
+                return f"{key}[{i}] is {_kind(item)}, not an object"
+    for key in ("state", "summary"):
+        v = (doc.get("verdict") or {}).get(key)
+        if v is not None and not isinstance(v, str):
+            return f"verdict.{key} is {_kind(v)}, not a string"
+    if doc.get("created") is not None and not isinstance(doc["created"], str):
+        return f"created is {_kind(doc['created'])}, not a string"
+    for k, v in (doc.get("ranks") or {}).items():
+        if v is not None and not isinstance(v, dict):
+            return f"ranks.{k} is {_kind(v)}, not an object"
+    facts = doc.get("facts") or {}
+    for key in ("job", "evidence", "meta"):
+        if facts.get(key) is not None and not isinstance(facts[key], dict):
+            return f"facts.{key} is {_kind(facts[key])}, not an object"
+    findings = doc.get("findings")
+    if findings is None:
+        return None
+    if not isinstance(findings, list):
+        return f"findings is {_kind(findings)}, not a list"
+    for i, f in enumerate(findings):
+        problem = _finding_problem(f)
+        if problem:
+            return f"findings[{i}]{problem}"
+    return None
+
+
+def _finding_problem(f: Any) -> str | None:
+    if not isinstance(f, dict):
+        return f" is {_kind(f)}, not an object"
+    for key in _STR_FIELDS:
+        if f.get(key) is not None and not isinstance(f[key], str):
+            return f".{key} is {_kind(f[key])}, not a string"
+    for key in _NUM_FIELDS:
+        v = f.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f".{key} is {_kind(v)}, not a number"
+    for key in _LIST_FIELDS:
+        v = f.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list):
+            return f".{key} is {_kind(v)}, not a list"
+        for x in v:
+            if key == "ranks" and (isinstance(x, bool) or not isinstance(x, int)):
+                return f".ranks holds {_kind(x)}, not a rank number"
+            if isinstance(x, (dict, list)) or x is None:
+                return f".{key} holds {_kind(x)}, not a plain value"
+    return None

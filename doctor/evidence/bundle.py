@@ -17,6 +17,7 @@ import tarfile
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from doctor import __version__
 from doctor.evidence import plugins
 from doctor.evidence.errors import UserError
-from doctor.evidence.redact import scrub, scrub_bytes
+from doctor.evidence.redact import scrub, scrub_bytes, scrub_stream
 
 SCHEMA = "mldoctor.bundle/1"
 MANIFEST = "manifest.json"
@@ -202,6 +203,50 @@ class Bundle:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         art = Artifact(rel, kind, hashlib.sha256(data).hexdigest(), len(data), host, rank, pid, meta or {})
+        self.manifest["artifacts"] = [a for a in self.manifest["artifacts"] if a["path"] != rel]
+        self.manifest["artifacts"].append(asdict(art))
+        if host and host not in self.manifest["hosts"]:
+            self.manifest["hosts"].append(host)
+        if rank is not None and rank not in self.manifest["ranks"]:
+            self.manifest["ranks"].append(rank)
+        return art
+
+    def add_artifact_file(
+        self,
+        rel: str,
+        src: Path,
+        kind: str,
+        *,
+        host: str = "",
+        rank: int | None = None,
+        text: bool = True,
+        meta: dict[str, Any] | None = None,
+        rewrite: Callable[[str], str] | None = None,
+    ) -> Artifact:
+        """Copy a big file in as an artifact, scrubbed in chunks (``redact.scrub_stream``):
+        memory stays at a few MiB whatever the file's size, where ``add_artifact`` holds the
+        file about four times over. ``rewrite`` (host redaction) is applied to each scrubbed
+        text piece. Kinds with their own scrubbing (``Probe.scrub``) need the whole file: the
+        caller copies those with ``add_artifact``."""
+        rel = scrub(str(PurePosixPath(rel)))
+        if bad_relpath(rel):
+            raise UserError(f"{rel}: artifact path escapes the bundle")
+        dest = self.root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        size = 0
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as fh:
+            def write(piece: bytes) -> None:
+                nonlocal size
+                if rewrite is not None and text:
+                    piece = rewrite(piece.decode("utf-8")).encode("utf-8")
+                h.update(piece)
+                size += len(piece)
+                out.write(piece)
+
+            scrub_stream(fh.read, write, text)
+        art = Artifact(rel, kind, h.hexdigest(), size, host, rank, None, meta or {})
         self.manifest["artifacts"] = [a for a in self.manifest["artifacts"] if a["path"] != rel]
         self.manifest["artifacts"].append(asdict(art))
         if host and host not in self.manifest["hosts"]:

@@ -6,16 +6,21 @@ file is its own (by content, with the file name only as a hint), lets it parse t
 lets it add its namespace to the facts. Everything else the engine and the live layer need to
 know about a kind is declared here too, so that adding a kind never means editing them: whether
 it runs in the first live round, the follow-ups rules may ask of it, whether and how it shows the
-job's state, how it scrubs its own artifacts (sos's ``postproc``).
+job's state, how it scrubs its own artifacts (sos's ``postproc``), and what it shows in a report
+(``report_sections``, ``rank_states``: see :mod:`doctor.evidence.sections`), so that adding a kind
+never means editing a renderer either.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
+
+from doctor.evidence.sections import Section, SectionContext
 
 SNIFF_BYTES = 64 * 1024
 
@@ -49,7 +54,26 @@ class Sample:
     def read(cls, path: Path) -> Sample:
         with open(path, "rb") as fh:
             raw = fh.read(SNIFF_BYTES)
-        return cls(path=path, name=path.name, raw=raw, size=path.stat().st_size)
+            st = os.fstat(fh.fileno())
+        if st.st_size <= len(raw):
+            _whole[:] = [path, raw, st.st_size, st.st_mtime_ns]
+        return cls(path=path, name=path.name, raw=raw, size=st.st_size)
+
+
+#: The last file a ``Sample`` held whole: its path, bytes, and the size and mtime it had then.
+_whole: list[Any] = [None, b"", -1, -1]
+
+
+def read_whole(path: Path) -> bytes:
+    """All of a file's bytes, for a probe's ``parse``. When the dispatcher's sample just held the
+    whole file and the file is unchanged since (same size and mtime), its bytes are reused: a
+    folder of 16k small stack dumps then opens each file once, not twice."""
+    last, raw, size, mtime = _whole
+    if last is not None and last == path:
+        st = os.stat(path)
+        if st.st_size == size and st.st_mtime_ns == mtime:
+            return bytes(raw)
+    return path.read_bytes()
 
 
 @dataclass(frozen=True)
@@ -105,10 +129,28 @@ class Probe:
     priority: ClassVar[int] = 50
     #: Files above this size are not parsed whole; streaming kinds raise it.
     max_bytes: ClassVar[int] = 256 * 1024 * 1024
+    #: Kinds whose files this probe's optional ``also_sniff(sample)`` is asked about besides
+    #: their owner (a trainer log is the logs kind's and carries loss for metrics too); files
+    #: no kind claims are always asked about. ``None`` asks about every file. Why declare it: the
+    #: dispatcher then never runs a co-reader's check on files that cannot be its (16,384 stack
+    #: dumps each checked for metric lines cost more than parsing them).
+    also_reads: ClassVar[frozenset[str] | None] = None
     #: Order in which ``build`` runs (lower first): env builds early so world size is known.
     build_order: ClassVar[int] = 50
     #: Documented fact paths this probe writes: ``"env.vars": "map<string,string>: ..."``.
     facts_schema: ClassVar[dict[str, str]] = {}
+    #: Glob patterns (relative to the repository root) naming captured files of this kind. The
+    #: conformance test (``tests/test_conformance.py``) checks that the dispatcher hands each of
+    #: them to this probe and that no probe ahead of it in dispatch order claims it, so a new or
+    #: loosened ``sniff`` cannot quietly take another kind's evidence. Empty for a third-party
+    #: probe that ships no fixtures.
+    fixtures: ClassVar[tuple[str, ...]] = ()
+    #: Adjacent blocks of one ticket that this kind claims are read as one file (a log pasted
+    #: over two fences is one log); kinds whose file is one process's dump keep them apart.
+    joins_pieces: ClassVar[bool] = False
+    #: Reads the prose of a ticket or paste (``doctor.evidence.ticket``): the sentences around
+    #: the blocks, handed over as a text file with the block lines blanked.
+    reads_prose: ClassVar[bool] = False
 
     # -- live collection ------------------------------------------------------------------------
     #: Runs in the first live round, before any rule has asked for it.
@@ -170,10 +212,67 @@ class Probe:
         ``None``. Keeps "errors in the evidence are never a healthy verdict" out of the engine."""
         return None
 
+    def coverage(self) -> list[dict[str, Any]]:
+        """How much of the upstream message families this kind's pattern library recognizes:
+        one row per family (``family``, ``templates``, ``fault_templates``, ``covered``,
+        ``coverage``, ``uncovered``...). Kinds without a pattern library return no rows; the
+        ``mldoctor rules coverage`` command reads every kind through here, never by name."""
+        return []
+
     def scrub(self, data: bytes) -> bytes:
         """Kind-specific scrubbing applied before an artifact of this kind is stored or copied
         (sos's ``postproc``); the generic secret scrubber runs after it on every artifact."""
         return data
+
+    # -- the report -----------------------------------------------------------------------------
+    #: Order in which probes are asked where each rank is (lower first; first answer wins).
+    rank_state_order: ClassVar[int] = 50
+
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        """The report sections this kind contributes (a table, groups of ranks, series...), built
+        from its own facts namespace; renderers draw them by presentation type only, so adding a
+        kind never means editing a renderer. ``context`` carries what it may highlight (culprit
+        ranks, GPUs findings name)."""
+        return []
+
+    def rank_states(self, facts: dict[str, Any]) -> dict[int, str]:
+        """Where each rank is, as this kind saw it (``collective: barrier``, ``sleeping``), for the
+        rank grid. The default reads ``state``/``where``/``phase``/``status`` (and ``op``) from the
+        namespace's ``by_rank`` map; kinds with a richer picture (stack groups) override it."""
+        out: dict[int, str] = {}
+        ns = facts.get(self.name)
+        by_rank = ns.get("by_rank") if isinstance(ns, dict) else None
+        for rank_s, entry in (by_rank.items() if isinstance(by_rank, dict) else ()):
+            if not isinstance(entry, dict) or not str(rank_s).lstrip("-").isdigit():
+                continue
+            for key in ("state", "where", "phase", "status"):
+                value = entry.get(key)
+                if isinstance(value, str) and value:
+                    out[int(rank_s)] = where_label(self.describe_state(value), entry.get("op"))
+                    break
+        return out
+
+    def describe_state(self, value: str) -> str:
+        """A rank state word as people read it (procs turns ``D`` into ``uninterruptible (D)``)."""
+        return value
+
+    def rank_details(self, facts: dict[str, Any]) -> dict[str, dict[int, str]]:
+        """Extra per-rank columns for the TUI's rank table: ``{column: {rank: text}}``. A column
+        is returned even when empty, so the table keeps its shape whatever the evidence."""
+        return {}
+
+    def job_label(self, facts: dict[str, Any]) -> str:
+        """A job identifier this kind's evidence names (a SLURM job id), for report file names."""
+        return ""
+
+    def host_names(self, facts: dict[str, Any]) -> list[str]:
+        """Host names this kind's facts mention, so the report scrubber can alias them."""
+        return []
+
+
+def where_label(state: str, op: Any) -> str:
+    """``collective: barrier``: a state, and what in it when known."""
+    return f"{state}: {op}" if isinstance(op, str) and op and op != state else state
 
 
 

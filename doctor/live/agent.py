@@ -9,11 +9,13 @@ can be reproduced offline with ``mldoctor diagnose --from BUNDLE``.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from doctor.engine import facts as facts_mod
 from doctor.engine.diagnose import analyze
 from doctor.engine.report import Report
 from doctor.engine.trace import Trace
-from doctor.evidence import plugins
+from doctor.evidence import plugins, procfs
 from doctor.evidence.bundle import Bundle, ProbeRun
 from doctor.evidence.contract import (
     LOOP_FOLLOW_UPS,
@@ -32,15 +34,30 @@ from doctor.evidence.contract import (
     one_line,
 )
 from doctor.live import targets
-from doctor.live.common import finish
+from doctor.live.common import Interrupted, Progress, finish, out_folder
 
 SNAPSHOT_GAPS = (1.0, 2.0, 4.0)  # seconds before snapshot 1, 2, 3: a slow step shows as movement
 PROBE_TIMEOUT = 10.0
 
 
+class _Context(CollectContext):
+    """A probe's context that stops taking artifacts once the loop has abandoned the probe, so a
+    probe that wakes up after its timeout cannot write into a bundle being sealed."""
+
+    abandoned: bool = False
+
+    def add(self, name: str, data: bytes | str, **kw: Any) -> Any:  # noqa: D102 - see CollectContext.add
+        if self.abandoned:
+            raise ProbeFailed("abandoned after its timeout")
+        return super().add(name, data, **kw)
+
+
 @dataclass
 class Collector:
-    """Runs probes against one job on this host and records each run in the bundle."""
+    """Runs probes against one job on this host and records each run in the bundle.
+
+    ``deadline`` (a ``time.perf_counter()`` value) is the run's hard bound: no probe is waited
+    for past it. ``progress`` gets one line per step (stderr in the command line)."""
 
     bundle: Bundle
     job: targets.Job
@@ -48,54 +65,90 @@ class Collector:
     options: dict[str, Any] = field(default_factory=dict)
     snapshot: int = 0
     done: set[tuple[str, str]] = field(default_factory=set)
+    deadline: float | None = None
+    progress: Progress = None
 
     def layout(self) -> dict[str, Any]:
         return {"world_size": self.job.world_size, "local_world_size": self.job.local_world_size,
                 "dead_ranks": [], "launcher": self.job.launcher.pid if self.job.launcher else None}
 
-    def run(self, requests: list[tuple[str, dict[str, Any]]], round_no: int) -> None:
-        """Run probe requests in parallel, each with its own timeout; record ok/failed/skipped."""
-        def one(name: str, opts: dict[str, Any]) -> ProbeRun:
-            probe = plugins.probe(name)
-            t0 = time.perf_counter()
-            if probe is None:
-                return ProbeRun(name, "skipped", "probe not installed", 0.0, self.job.host)
-            ctx = CollectContext(self.bundle, self.job.host, self.job.procs,
-                                 {**self.options, **opts, "layout": self.layout()},
-                                 float(opts.get("timeout", PROBE_TIMEOUT)), name, round_no)
-            try:
-                if not probe.collects_live():  # this kind is read from files only
-                    raise ProbeSkipped("this evidence kind is read from files only")
-                probe.collect(ctx)
-                status, reason = "ok", ""
-            except ProbeSkipped as exc:
-                status, reason = "skipped", one_line(exc)
-            except ProbeFailed as exc:
-                status, reason = "failed", one_line(exc)
-            except Exception as exc:  # a probe bug must not end the diagnosis
-                status, reason = "failed", f"internal error: {type(exc).__name__}: {one_line(exc)}"
-            return ProbeRun(name, status, reason, round(time.perf_counter() - t0, 3), self.job.host, ctx.written)
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress(text)
 
+    def left(self) -> float:
+        """Seconds left before the deadline (infinite without one)."""
+        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
+
+    def _one(self, name: str, opts: dict[str, Any], round_no: int, slot: dict[str, Any]) -> None:
+        """Run one probe (in its own daemon thread); the result lands in ``slot``."""
+        probe = plugins.probe(name)
+        t0 = time.perf_counter()
+        if probe is None:
+            slot["run"] = ProbeRun(name, "skipped", "probe not installed", 0.0, self.job.host)
+            return
+        ctx = _Context(self.bundle, self.job.host, self.job.procs,
+                       {**self.options, **opts, "layout": self.layout()},
+                       float(opts.get("timeout", PROBE_TIMEOUT)), name, round_no)
+        slot["ctx"] = ctx
+        try:
+            if not probe.collects_live():  # this kind is read from files only
+                raise ProbeSkipped("this evidence kind is read from files only")
+            probe.collect(ctx)
+            status, reason = "ok", ""
+        except ProbeSkipped as exc:
+            status, reason = "skipped", one_line(exc)
+        except ProbeFailed as exc:
+            status, reason = "failed", one_line(exc)
+        except Exception as exc:  # a probe bug must not end the diagnosis
+            status, reason = "failed", f"internal error: {type(exc).__name__}: {one_line(exc)}"
+        slot["run"] = ProbeRun(name, status, reason, round(time.perf_counter() - t0, 3), self.job.host, ctx.written)
+
+    def run(self, requests: list[tuple[str, dict[str, Any]]], round_no: int) -> None:
+        """Run probe requests in parallel, each with its own timeout; record ok/failed/skipped.
+
+        Each probe runs in a daemon thread that is never joined past its limit: a probe stuck in
+        the kernel (statvfs of a hung mount, a read of a wedged /proc file) is abandoned and
+        recorded as "timed out after N s", and the run goes on. Its limit is twice its timeout
+        (plus its sampling window), and never past the run's deadline."""
         if any(o.get("snapshot") == "next" for _, o in requests):
             self.snapshot += 1
             requests = [(n, {**o, "snapshot": self.snapshot} if o.get("snapshot") == "next" else o) for n, o in requests]
-        with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
-            futures = {pool.submit(one, n, o): (n, o) for n, o in requests}
-            # a sampling window runs for its --duration before it can answer
-            window = max((float({**self.options, **o}.get("duration") or 0) for n, o in requests
-                          if getattr(plugins.probe(n), "runs_for_duration", False)),
-                         default=0.0)
-            finished, pending = wait(futures, timeout=PROBE_TIMEOUT * 2 + window)
-            for fut in finished:
-                run = fut.result()
-                self.bundle.record_probe(run)
-                label = run.name + (f"(snapshot {futures[fut][1].get('snapshot')})" if "snapshot" in futures[fut][1] else "")
-                self.trace.add("probe", f"{label}: {run.status}" + (f" ({run.reason})" if run.reason else "")
-                               + f" in {run.duration_s:.2f}s, {run.artifacts} artifact(s)", round=round_no)
-            for fut in pending:
-                name = futures[fut][0]
-                self.bundle.record_probe(ProbeRun(name, "failed", "timed out", PROBE_TIMEOUT * 2, self.job.host))
-                self.trace.add("probe", f"{name}: failed (timed out)", round=round_no)
+        ranks = ",".join(str(r.rank) for r in sorted(self.job.ranks, key=lambda r: r.rank or 0)) or "-"
+        snaps = sorted({o["snapshot"] for _, o in requests if "snapshot" in o})
+        self.say(f"round {round_no}" + (f", snapshot {snaps[0]}" if snaps else "") + ": "
+                 + ", ".join(n + (f" (ranks {o['ranks']})" if o.get("ranks") else "") for n, o in requests)
+                 + f" on ranks {ranks}")
+        started = []
+        for name, opts in requests:
+            probe = plugins.probe(name)
+            window = float({**self.options, **opts}.get("duration") or 0) if getattr(probe, "runs_for_duration", False) else 0.0
+            if window:
+                self.say(f"sampling window: {window:g} s of {name} on ranks {opts.get('ranks') or ranks}")
+            limit = float(opts.get("timeout", PROBE_TIMEOUT)) * 2 + window
+            slot: dict[str, Any] = {}
+            t = threading.Thread(target=self._one, args=(name, opts, round_no, slot), daemon=True,
+                                 name=f"mldoctor-probe-{name}")
+            t.start()
+            started.append((name, opts, t, slot, time.perf_counter() + limit, limit))
+        for name, opts, t, slot, until, limit in started:
+            wait_s = min(until - time.perf_counter(), self.left())
+            if wait_s > 0:
+                t.join(wait_s)
+            label = name + (f"(snapshot {opts.get('snapshot')})" if "snapshot" in opts else "")
+            run = slot.get("run")
+            if run is None:  # still running: abandon it (daemon thread, never joined)
+                if "ctx" in slot:
+                    slot["ctx"].abandoned = True
+                why = (f"timed out after {limit:.0f} s" if time.perf_counter() >= until
+                       else f"timed out after {time.perf_counter() - (until - limit):.1f} s: the run's time budget was spent")
+                run = ProbeRun(name, "failed", why + "; abandoned (it may be blocked in the kernel)",
+                               round(time.perf_counter() - (until - limit), 3), self.job.host)
+            self.bundle.record_probe(run)
+            line = (f"{label}: {run.status}" + (f" ({run.reason})" if run.reason else "")
+                    + f" in {run.duration_s:.2f}s, {run.artifacts} artifact(s)")
+            self.trace.add("probe", line, round=round_no)
+            self.say("  " + line)
 
     def snapshot_round(self, round_no: int) -> None:
         self.snapshot += 1
@@ -114,87 +167,165 @@ def _ambiguous_motion(report: Report) -> bool:
     return any(p.wants_another_look(report.facts) for p in plugins.probes() if p.name in kinds)
 
 
+def _window(col: Collector, duration: float) -> float:
+    """The sampling window, cut so that it ends (with a second to spare) before the deadline;
+    whole seconds, since py-spy rounds a window up."""
+    return float(max(1, int(min(duration, col.left() - 1.0))))
+
+
 def collect_job(job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str, Any],
-                symptom: str | None) -> Collector:
+                symptom: str | None, deadline: float | None = None, progress: Progress = None) -> Collector:
     """The first pass on one host: every probe once, then a second stack snapshot."""
-    col = Collector(bundle, job, trace, options)
+    col = Collector(bundle, job, trace, options, deadline=deadline, progress=progress)
     snap = set(plugins.snapshot_probes())
     first = [(n, {"snapshot": 0} if n in snap else {}) for n in plugins.first_round()]
     t0 = time.perf_counter()
     col.run(first, 0)
-    remaining = SNAPSHOT_GAPS[0] - (time.perf_counter() - t0)
+    remaining = min(SNAPSHOT_GAPS[0] - (time.perf_counter() - t0), col.left())
     if remaining > 0:
+        col.say(f"waiting {remaining:.1f} s before snapshot 1 (the gap is the measurement)")
         time.sleep(remaining)  # the gap between snapshots is the measurement, not a wait for luck
+    if col.left() <= 0:
+        trace.add("stop", "time budget spent before a second snapshot")
+        return col
     col.snapshot_round(1)
     early = plugins.for_symptom(symptom)
-    if early:
-        col.run([(n, {"duration": options.get("duration", 10.0)}) for n in early], 1)
+    if early and col.left() > 1.5:
+        col.run([(n, {"duration": _window(col, float(options.get("duration", 10.0)))}) for n in early], 1)
     return col
+
+
+def _stop_own_children(job: targets.Job) -> None:
+    """Ctrl-C: pass the interrupt on to the helpers mldoctor started (py-spy, dmesg), as the
+    terminal does for a foreground group; py-spy detaches cleanly on SIGINT. Only this process's
+    own children are signalled, never a process of the job (``mldoctor demo`` starts its job as
+    a child: its processes are skipped)."""
+    me, job_pids = os.getpid(), {p.pid for p in job.procs}
+    for pid in procfs.pids():
+        if pid in job_pids:
+            continue
+        st = procfs.status(pid) or {}
+        if st.get("PPid") == str(me):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except OSError:
+                pass
+
+
+#: Seconds of the budget kept for the analysis and the report after the last probe.
+ANALYSIS_RESERVE = 2.0
 
 
 def diagnose_live(pids: list[int] | None = None, symptom: str | None = None,
                   logs: list[Path] | None = None, rules_dirs: list[Path] | None = None,
                   budget: float = 30.0, duration: float = 10.0, job: str | None = None,
                   out: Path | None = None, redact_hosts: bool = False,
-                  trace: Trace | None = None) -> Report:
-    """Diagnose the job on this host. ``trace``: pass one to watch the steps while it runs (the
-    TUI polls it from a thread). A SLURM job is ``doctor.live.slurm.diagnose_slurm_job``."""
+                  trace: Trace | None = None, progress: Progress = None,
+                  debug_server: str | None = None) -> Report:
+    """Diagnose the job on this host. ``debug_server``: the url of the job's torch debug server
+    frontend (default: this host's port 25999). ``trace``: pass one to watch the steps while it runs (the
+    TUI polls it from a thread). ``progress`` gets one line per step. A SLURM job is
+    ``doctor.live.slurm.diagnose_slurm_job``.
+
+    The budget is a hard bound on collection: no probe is waited for past ``budget`` minus
+    ``ANALYSIS_RESERVE`` (a quarter of it for short budgets). Ctrl-C stops at once and raises
+    :class:`Interrupted` with the report of what was collected until then."""
     t_start = time.perf_counter()
+    deadline = t_start + budget - min(ANALYSIS_RESERVE, budget / 4)
     trace = trace if trace is not None else Trace()
     the_job = targets.pick_job(targets.discover(pids or None), job)
     trace.add("discover", the_job.describe() + f"; {len(the_job.workers)} DataLoader worker(s)")
+    if progress is not None:
+        progress(f"found {the_job.describe()}")
+    # Compile the rules while the probes run and the snapshot gap passes (a cold start's ~1-2 s).
+    warm = threading.Thread(target=_warm_up, args=(rules_dirs,), daemon=True, name="mldoctor-warm-up")
+    warm.start()
     tmp = None
     if out is not None:
+        out = out_folder(out)  # never into (or over) a folder mldoctor did not create
         root = out / "bundle"
-        if root.exists():
-            shutil.rmtree(root)
     else:
         tmp = Path(tempfile.mkdtemp(prefix="mldoctor-live-"))
         root = tmp / "bundle"
     bundle = Bundle.create(root, {"type": "live", "host": socket.gethostname(), "job": the_job.key,
                                   "world_size": the_job.world_size, "pids": [p.pid for p in the_job.ranks]})
-    options = {"logs": [str(p) for p in logs or []], "duration": duration}
+    options: dict[str, Any] = {"logs": [str(p) for p in logs or []], "duration": duration}
+    if debug_server:
+        options["debug_server"] = debug_server
+    source = {"type": "live", "host": the_job.host, "job": the_job.key}
     try:
-        col = collect_job(the_job, bundle, trace, options, symptom)
-        source = {"type": "live", "host": the_job.host, "job": the_job.key}
-        report = _analyze(bundle, symptom, rules_dirs, trace, source)
-        round_no, gap_i = 2, 1
-        while True:
-            if time.perf_counter() - t_start >= budget:
-                trace.add("stop", f"time budget of {budget:.0f}s spent")
-                break
-            want_snapshot = _ambiguous_motion(report)
-            requests: list[tuple[str, dict[str, Any]]] = []
-            table = plugins.follow_ups()
-            for fu in report.follow_ups:
-                if fu["probe"] in LOOP_FOLLOW_UPS:
-                    want_snapshot = True
-                    continue
-                for name, opts in table.get(fu["probe"], []):
-                    ranks = fu.get("ranks") or None
-                    key = (name, repr((ranks, sorted(opts.items()))))
-                    if key in col.done:
-                        continue
-                    col.done.add(key)
-                    trace.add("follow-up", f"{fu['probe']} on ranks {ranks or 'all'}: {fu.get('why') or 'asked by ' + fu.get('rule', 'a rule')}")
-                    requests.append((name, {**opts, "ranks": ranks}))
-            took_snapshot = False
-            if want_snapshot and gap_i < len(SNAPSHOT_GAPS):
-                gap = SNAPSHOT_GAPS[gap_i]
-                gap_i += 1
-                if time.perf_counter() - t_start + gap < budget:
-                    trace.add("snapshot", f"some ranks moved and some did not; looking again in {gap:.0f}s")
-                    time.sleep(gap)  # the spacing is the measurement: a slow step shows as movement
-                    col.snapshot_round(round_no)
-                    took_snapshot = True
-            if requests:
-                col.run(requests, round_no)
-            if not (requests or took_snapshot):
-                trace.add("stop", "no rule asks for more evidence")
-                break
+        try:
+            report = _loop(the_job, bundle, trace, options, symptom, rules_dirs, source, deadline, progress, warm)
+        except KeyboardInterrupt:
+            _stop_own_children(the_job)
+            trace.add("stop", "interrupted (Ctrl-C): the report holds what was collected until then")
+            if progress is not None:
+                progress("interrupted: analyzing what was collected so far")
+            warm.join(30)  # the rules are half compiled: finishing beats compiling them twice
             report = _analyze(bundle, symptom, rules_dirs, trace, source)
-            round_no += 1
+            raise Interrupted(finish(report, trace, bundle, out, redact_hosts)) from None
         return finish(report, trace, bundle, out, redact_hosts)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _warm_up(rules_dirs: list[Path] | None) -> None:
+    """Compile the rules (cached) ahead of the first analysis."""
+    try:
+        from doctor.engine import ruleset
+
+        ruleset.load_ruleset(rules_dirs)
+    except Exception:  # noqa: S110 - the analysis itself reports any problem, once
+        pass
+
+
+def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str, Any], symptom: str | None,
+          rules_dirs: list[Path] | None, source: dict[str, Any], deadline: float, progress: Progress,
+          warm: threading.Thread) -> Report:
+    """The first pass, then follow-up rounds until no rule asks for more or the deadline comes."""
+    col = collect_job(the_job, bundle, trace, options, symptom, deadline, progress)
+    col.say("analyzing")
+    warm.join(30)  # the rule cache is not locked: wait for the warm-up rather than compile twice
+    report = _analyze(bundle, symptom, rules_dirs, trace, source)
+    round_no, gap_i = 2, 1
+    while True:
+        if col.left() <= 0:
+            trace.add("stop", "time budget spent")
+            break
+        want_snapshot = _ambiguous_motion(report)
+        requests: list[tuple[str, dict[str, Any]]] = []
+        table = plugins.follow_ups()
+        for fu in report.follow_ups:
+            if fu["probe"] in LOOP_FOLLOW_UPS:
+                want_snapshot = True
+                continue
+            for name, opts in table.get(fu["probe"], []):
+                ranks = fu.get("ranks") or None
+                key = (name, repr((ranks, sorted(opts.items()))))
+                if key in col.done:
+                    continue
+                col.done.add(key)
+                trace.add("follow-up", f"{fu['probe']} on ranks {ranks or 'all'}: {fu.get('why') or 'asked by ' + fu.get('rule', 'a rule')}")
+                if "duration" in opts or getattr(plugins.probe(name), "runs_for_duration", False):
+                    opts = {**opts, "duration": _window(col, float(opts.get("duration") or options["duration"]))}
+                requests.append((name, {**opts, "ranks": ranks}))
+        took_snapshot = False
+        if want_snapshot and gap_i < len(SNAPSHOT_GAPS):
+            gap = SNAPSHOT_GAPS[gap_i]
+            gap_i += 1
+            if col.left() > gap:
+                trace.add("snapshot", f"some ranks moved and some did not; looking again in {gap:.0f}s")
+                col.say(f"some ranks moved and some did not: snapshot {col.snapshot + 1} in {gap:.0f} s")
+                time.sleep(gap)  # the spacing is the measurement: a slow step shows as movement
+                col.snapshot_round(round_no)
+                took_snapshot = True
+        if requests and col.left() > 0:
+            col.run(requests, round_no)
+        if not (requests or took_snapshot):
+            trace.add("stop", "no rule asks for more evidence")
+            break
+        col.say("analyzing")
+        report = _analyze(bundle, symptom, rules_dirs, trace, source)
+        round_no += 1
+    return report

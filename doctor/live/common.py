@@ -2,15 +2,61 @@
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from doctor.engine.report import Report
 from doctor.engine.trace import Trace
 from doctor.evidence.bundle import Bundle
+from doctor.evidence.errors import UserError
 from doctor.render.output import write_outputs
 
 #: Set by ``diagnose --slurm-job`` for a follow-up round: JSON ``[[probe, {options}], ...]``.
 FOLLOW_UP_ENV = "MLDOCTOR_COLLECT_REQUESTS"
+
+#: Where progress goes (one line per step, for stderr); None: quiet.
+Progress = Callable[[str], None] | None
+
+#: Names a live ``--out DIR`` writes; when one is taken, the run goes to a new folder instead.
+_OUT_NAMES = ("bundle", "report.md", "report.html", "report.json", "host-map.json")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a live run, carrying the report of what was collected until then, so the
+    command line can still print it (and exit 130)."""
+
+    def __init__(self, report: Report) -> None:
+        super().__init__("interrupted")
+        self.report = report
+
+
+def out_folder(out: Path) -> Path:
+    """The folder a live run writes into: ``out`` when none of its names is taken there, else a
+    new ``out/mldoctor-<time>[-n]/``; either way its ``bundle/`` is created here, new (mode
+    0700), so a run never deletes or writes into a folder it did not create (the same policy as
+    ``doctor.render.output`` for offline reports)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{out}: cannot be used as the output folder ({exc.strerror or exc})") from None
+    if not any(os.path.lexists(out / n) for n in _OUT_NAMES):
+        try:
+            (out / "bundle").mkdir(mode=0o700)
+            return out
+        except FileExistsError:  # created between the check and now: take a run folder
+            pass
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(100):
+        run = out / (f"mldoctor-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            run.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        (run / "bundle").mkdir(mode=0o700)
+        return run
+    raise UserError(f"{out}: no free run folder name; use another --out")
 
 
 def finish(report: Report, trace: Trace, bundle: Bundle, out: Path | None, redact_hosts: bool) -> Report:

@@ -93,7 +93,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
                 pass
     proc.wait(timeout=30)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _alive(p) for p in victims):
+    while time.monotonic() < deadline and any(_alive(p) for p in victims):
         time.sleep(0.1)
 
 

@@ -46,7 +46,7 @@ from doctor.engine.trace import Trace
 from doctor.evidence.bundle import MANIFEST, Bundle, ProbeRun, bad_relpath
 from doctor.evidence.contract import one_line
 from doctor.evidence.errors import UserError
-from doctor.live.common import FOLLOW_UP_ENV, finish
+from doctor.live.common import FOLLOW_UP_ENV, finish, out_folder
 
 ENV_SHARED_DIR = "MLDOCTOR_SLURM_SHARED_DIR"
 ENV_NODE_TIMEOUT = "MLDOCTOR_SLURM_NODE_TIMEOUT"
@@ -541,9 +541,8 @@ def diagnose_slurm_job(job_id: str, symptom: str | None = None, rules_dirs: list
                           f"{info.node_expr or '-'}")
     tmp = Path(tempfile.mkdtemp(prefix="mldoctor-slurm-"))
     if out is not None:
+        out = out_folder(out)  # never into (or over) a folder mldoctor did not create
         root = out / "bundle"
-        if root.exists():
-            shutil.rmtree(root)
     else:
         root = tmp / "bundle"
     bundle = Bundle.create(root, {"type": "slurm", "host": socket.gethostname(), "slurm_job": info.job_id,

@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from doctor.evidence import procfs
 from doctor.evidence.contract import RankProcess
 from doctor.evidence.errors import UserError
 from doctor.evidence.redact import filter_env
@@ -55,34 +56,13 @@ class Job:
         return f"job {self.key}: {who}; ranks {ranks or '-'} of {self.world_size or '?'} on {self.host}"
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
 def read_proc(pid: int) -> ProcInfo | None:
     """One process's identity; None when it is gone or not readable at all."""
-    status = _read(f"/proc/{pid}/status")
-    if status is None:
+    fields = procfs.status(pid)
+    if fields is None:
         return None
-    fields = {}
-    for line in status.decode(errors="replace").splitlines():
-        k, _, v = line.partition(":")
-        fields[k] = v.strip()
-    cmd = _read(f"/proc/{pid}/cmdline") or b""
-    raw_env = _read(f"/proc/{pid}/environ")
-    env = None
-    if raw_env is not None:
-        env = {}
-        for item in raw_env.split(b"\0"):
-            k, sep, v = item.decode(errors="replace").partition("=")
-            if sep:
-                env[k] = v
     return ProcInfo(pid, int(fields.get("PPid", "0") or 0), fields.get("State", "?")[:1],
-                    [c.decode(errors="replace") for c in cmd.split(b"\0") if c], env)
+                    procfs.cmdline(pid) or [], procfs.environ(pid))
 
 
 def _int(env: dict[str, str], keys: tuple[str, ...]) -> int | None:
@@ -101,9 +81,9 @@ def _looks_like_launcher(cmd: list[str]) -> bool:
 def all_procs() -> dict[int, ProcInfo]:
     me = os.getpid()
     out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            info = read_proc(int(entry))
+    for pid in procfs.pids():
+        if pid != me:
+            info = read_proc(pid)
             if info is not None:
                 out[info.pid] = info
     return out
@@ -111,6 +91,22 @@ def all_procs() -> dict[int, ProcInfo]:
 
 def _is_python(cmd: list[str]) -> bool:
     return bool(cmd) and ("python" in Path(cmd[0]).name or any(c.endswith(".py") for c in cmd[:3]))
+
+
+def _check_explicit_pid(p: ProcInfo, has_ranks: bool) -> None:
+    """A ``--pid`` that can say nothing is a usage error (exit 2), not a healthy job: a zombie
+    (exited, only its exit status is left) or a process that is not Python and has no rank below
+    it (py-spy finds no interpreter there, so every probe would come back empty)."""
+    if has_ranks or _looks_like_launcher(p.cmdline):
+        return
+    if p.state == "Z":
+        raise UserError(f"--pid {p.pid}: a zombie (it exited; its parent {p.ppid} has not reaped it yet), "
+                        f"nothing is left to inspect; diagnose its parent (--pid {p.ppid}) or its logs (--from LOG)")
+    if _is_python(p.cmdline) or "python" in (procfs.read_text(p.pid, "maps") or ""):
+        return
+    name = Path(p.cmdline[0]).name if p.cmdline else "?"
+    raise UserError(f"--pid {p.pid} ({name}): not a Python process; give the PID of a training rank "
+                    "or of its launcher (torchrun, deepspeed, srun)")
 
 
 def discover(pids: list[int] | None = None, slurm_job: str | None = None, node: str | None = None) -> list[Job]:
@@ -157,7 +153,10 @@ def discover(pids: list[int] | None = None, slurm_job: str | None = None, node: 
             wanted |= {g for c in children.get(pid, []) for g in children.get(c, []) if g in rank_pids}
         rank_pids &= wanted | {p for p in rank_pids if procs[p].ppid in wanted}
         for pid in pids:
-            if pid not in rank_pids and not _looks_like_launcher(procs[pid].cmdline):
+            _check_explicit_pid(procs[pid], any(procs[r].ppid == pid or procs.get(procs[r].ppid, procs[r]).ppid == pid
+                                                for r in rank_pids))
+            if pid not in rank_pids and not _looks_like_launcher(procs[pid].cmdline) \
+                    and not any(procs[r].ppid == pid for r in rank_pids):
                 rank_pids.add(pid)  # an explicit PID is diagnosed even without rank variables
 
     jobs: dict[str, Job] = {}

@@ -1,9 +1,10 @@
 """Small self-contained SVG charts of training metrics, with detected events marked.
 
 Plain SVG text (no matplotlib, no display, no scripts), so the same string goes into the HTML
-report, a Markdown ticket (as a file) or the TUI's export. Everything drawn comes from the
-``metrics`` facts (``metrics.curves`` and ``metrics.events``), which keeps the chart faithful to
-what the rules saw: a chart made from a saved bundle equals the one made on the cluster.
+report, a Markdown ticket (as a file) or the TUI's export. Everything drawn comes from a series
+section (curves and the events detected on them), built by a probe from its facts, which keeps
+the chart faithful to what the rules saw: a chart made from a saved bundle equals the one made
+on the cluster.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ _MARK = {
 }
 
 
-def _metrics_ns(source: dict[str, Any]) -> dict[str, Any]:
-    """The ``metrics`` namespace from full facts, or the namespace itself. A renderer draws
-    facts only; a table or series goes through ``doctor.probes.metrics.analyze`` first."""
-    if isinstance(source.get("metrics"), dict):
-        return source["metrics"]
+def _curves(source: dict[str, Any]) -> dict[str, Any]:
+    """``{"curves": {name: {steps, values, series}}, "events": [...]}``: what a series section
+    carries (the HTML renderer builds it from ``doctor.evidence.sections.SeriesSet``), which is
+    also the shape of the metrics probe's namespace; a table or series goes through
+    ``doctor.probes.metrics.analyze`` first."""
     if "curves" in source or "events" in source:
         return source
     return {}
@@ -66,14 +67,14 @@ def loss_chart_svg(facts_or_table: Any, metric: str = "loss", width: int = 640, 
                    title: str | None = None, log_scale: bool | None = None, max_markers: int = 12) -> str:
     """An SVG line chart of ``metric`` with the detected events marked.
 
-    ``facts_or_table``: full facts, the ``metrics`` namespace, a tidy table from
-    :func:`doctor.probes.metrics.load_table`, or a list of series. ``log_scale`` defaults to
-    automatic (a positive series spanning more than two decades, as a blow-up does). Marks:
-    spikes (circles at the peak), the first NaN/Inf (red line, crosses on the top edge),
+    ``facts_or_table``: curves and events (a series section's data, or the metrics namespace).
+    ``log_scale`` defaults to automatic (a positive series spanning more than two decades, as a
+    blow-up does). Marks: spikes (circles at the peak), the first NaN/Inf (red line, crosses on
+    the top edge),
     learning-rate jumps and resumes (dashed lines), divergence (shaded from where it starts),
     loss-scale collapse (triangle on the bottom edge).
     """
-    m = _metrics_ns(facts_or_table)
+    m = _curves(facts_or_table)
     cur = (m.get("curves") or {}).get(metric) or {}
     steps = [int(s) for s in cur.get("steps", [])]
     vals = [_num(v) for v in cur.get("values", [])]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import html
 import importlib
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from doctor import __version__
 from doctor.engine.report import Report
 from doctor.engine.rule import format_ranks
+from doctor.evidence.sections import Cell, Groups, KeyValues, Section, SeriesSet, Table
 from doctor.render import view
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -22,8 +24,8 @@ _MAX_GROUPS_SIDE = 8
 _MAX_FRAMES = 60
 _MAX_MATRIX_RANKS = 64
 _TITLE_RANKS = 2048
-_MAX_ENV = 400
-_MAX_GPU_ROWS = 512
+_MAX_ROWS = 512
+_MAX_COLS = 14
 _MAX_LIST = 200
 _SHOW_EVIDENCE = 10
 _MAX_TRACE = 500
@@ -135,55 +137,52 @@ def _ranks(report: Report) -> str:
     return "".join(out)
 
 
-#: Curves worth a chart, in this order (``metrics.curves`` keys).
-_CHART_METRICS = (("loss", "Loss"), ("step_time", "Step time"), ("grad_norm", "Gradient norm"),
-                  ("loss_scale", "Loss scale"))
-
-
-def _charts(report: Report) -> str:
-    """Charts from ``doctor.render.charts`` for the curves the evidence has (``metrics.curves``)."""
-    metrics = report.facts.get("metrics")
-    curves = metrics.get("curves") if isinstance(metrics, dict) else None
-    if not isinstance(curves, dict):
+def _series(sec: Section) -> str:
+    """Charts from ``doctor.render.charts`` for the series that carry a chart caption."""
+    body = sec.body
+    if not isinstance(body, SeriesSet):
         return ""
     try:  # optional: the report works without it
         draw = importlib.import_module("doctor.render.charts").loss_chart_svg
     except Exception:
         return ""
     figs = []
-    for metric, title in _CHART_METRICS:
-        cur = curves.get(metric)
-        if not isinstance(cur, dict) or not cur.get("values"):
+    for series in body.series:
+        if not series.chart or not series.values:
             continue
+        source = {"curves": {series.name: {"steps": series.steps, "values": series.values, "series": series.label}},
+                  "events": body.events}
         try:
-            svg = draw(report.facts, metric=metric)
+            svg = draw(source, metric=series.name)
         except Exception:  # a chart must never cost the report
             continue
         if isinstance(svg, str) and svg.lstrip().startswith("<svg") and "<script" not in svg.lower():
-            figs.append(f"<figure>{svg}<figcaption>{e(title)}</figcaption></figure>")
+            figs.append(f"<figure>{svg}<figcaption>{e(series.chart)}</figcaption></figure>")
     if not figs:
         return ""
-    return '<section id="charts"><h2>Metrics</h2><div class="charts">' + "".join(figs) + "</div></section>"
+    return (f'<section id="{e(sec.id)}"><h2>{e(sec.title)}</h2><div class="charts">' + "".join(figs)
+            + "</div></section>")
 
 
-def _stacks(report: Report) -> str:
-    groups = view.stack_groups(report.facts)
+def _groups(sec: Section) -> str:
+    """Groups of ranks side by side; lines that differ from the base (first) group's are marked."""
+    groups = sec.body.groups if isinstance(sec.body, Groups) else []
     if not groups:
         return ""
-    base = groups[0].frames
+    base = groups[0].lines
     cols = []
     for k, g in enumerate(groups[:_MAX_GROUPS_SIDE], 1):
-        diff = view.frame_diff(g.frames, base)
+        diff = view.frame_diff(g.lines, base)
         items = "".join(f'<li class="diff">{e(fr)}</li>' if changed and k > 1 else f"<li>{e(fr)}</li>"
                         for fr, changed in diff[:_MAX_FRAMES])
-        if len(g.frames) > _MAX_FRAMES:
-            items += f'<li class="muted">... {len(g.frames) - _MAX_FRAMES} more</li>'
+        if len(g.lines) > _MAX_FRAMES:
+            items += f'<li class="muted">... {len(g.lines) - _MAX_FRAMES} more</li>'
         share = f", {view.pct(g.share)}" if g.share is not None else ""
         n_diff = sum(1 for _, c in diff if c) if k > 1 else 0
         cols.append(
             f'<div class="group{" majority" if k == 1 else ""}"><header><b>Group {k}</b>: {g.n} rank(s){share}'
             f'{" (majority)" if k == 1 and len(groups) > 1 else ""}<br><span class="mono">{e(format_ranks(g.ranks)[:160])}</span>'
-            f'<br>state <code>{e(g.where)}</code>'
+            f'<br>state <code>{e(g.label)}</code>'
             + (f'<br>at <span class="mono">{e(g.site)}</span>' if g.site else "")
             + (f'<br>top <span class="mono">{e(g.top)}</span>' if g.top else "")
             + (f' &middot; {n_diff} frame(s) differ' if k > 1 else "")
@@ -193,46 +192,52 @@ def _stacks(report: Report) -> str:
         rest = groups[_MAX_GROUPS_SIDE:]
         more = (f'<p class="muted">{len(rest)} smaller group(s) with {sum(g.n for g in rest)} rank(s) '
                 "are in report.json and the bundle.</p>")
-    return ('<section id="stacks"><h2>Stack groups</h2><p class="muted">Ranks grouped by identical stacks, '
+    return (f'<section id="{e(sec.id)}"><h2>{e(sec.title)}</h2><p class="muted">Ranks grouped by identical stacks, '
             "largest first; highlighted frames differ from the largest group's stack.</p>"
             f'<div class="groups">{"".join(cols)}</div>{more}</section>')
 
 
-def _env(report: Report) -> str:
-    rows = view.env_rows(report.facts)
-    if not rows:
-        return ""
-    trs = []
-    for r in rows[:_MAX_ENV]:
-        if r.differs:
-            vals = "<br>".join(f"<code>{e(v)}</code> <span class=muted>on {e(view.ranks_phrase(rs)[:120])}</span>"
-                               for v, rs in r.by_value[:8]) or f"<code>{e(r.value)}</code>"
-            trs.append(f'<tr class="diff"><td><b>{e(r.key)}</b> (differs)</td><td>{vals}</td></tr>')
-        else:
-            trs.append(f"<tr><td>{e(r.key)}</td><td><code>{e(r.value)}</code></td></tr>")
-    if len(rows) > _MAX_ENV:
-        trs.append(f'<tr><td colspan="2" class="muted">{len(rows) - _MAX_ENV} more in the bundle</td></tr>')
-    n_diff = sum(r.differs for r in rows)
-    return (f'<section id="env"><h2>Environment</h2><p class="muted">{len(rows)} allowlisted variable(s); '
-            f"{n_diff} differ across ranks (highlighted). Values of other variables are never collected.</p>"
-            f'<table><tr><th>variable</th><th>value</th></tr>{"".join(trs)}</table></section>')
+def _cell(c: Cell) -> str:
+    if c.by_ranks:
+        return "<br>".join(f"<code>{e(v)}</code> <span class=muted>on {e(view.ranks_phrase(rs)[:120])}</span>"
+                           for v, rs in c.by_ranks[:8])
+    return f"<code>{e(c.text)}</code>" if c.code else e(c.text)
 
 
-def _gpus(report: Report) -> str:
-    cols, rows, flagged = view.gpu_table(report.facts, max_cols=14)
-    if not rows or not cols:
+def _table(sec: Section) -> str:
+    """A table; highlighted rows (the probe puts them first) carry the ``diff`` class."""
+    t = sec.body
+    if not isinstance(t, Table) or not t.rows or not t.columns:
         return ""
-    named = view.gpu_named(rows, report)
-    order = sorted(range(len(rows)), key=lambda i: (not named[i], not flagged[i], i))[:_MAX_GPU_ROWS]
+    cols = t.columns[:_MAX_COLS]
     head = "".join(f"<th>{e(c)}</th>" for c in cols)
     trs = []
-    for i in order:
-        tds = "".join(f"<td>{e(rows[i].get(c, ''))}</td>" for c in cols)
-        trs.append(f'<tr{" class=diff" if named[i] or flagged[i] else ""}>{tds}</tr>')
-    more = (f'<p class="muted">{len(rows) - len(order)} more GPU(s) in report.json.</p>'
-            if len(rows) > len(order) else "")
-    return (f'<section id="gpus"><h2>GPUs</h2><p class="muted">{len(rows)} GPU(s); highlighted: named by a '
-            f'finding or flagged by the GPU probe.</p><table><tr>{head}</tr>{"".join(trs)}</table>{more}</section>')
+    for row in t.rows[:_MAX_ROWS]:
+        cells = [_cell(c) for c in row.cells[:len(cols)]]
+        cells += [""] * (len(cols) - len(cells))
+        if row.suffix:
+            cells[0] = f"<b>{cells[0]}</b> {e(row.suffix)}"
+        tr = '<tr class="diff">' if row.highlighted else "<tr>"
+        trs.append(tr + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    more = (f'<p class="muted">{len(t.rows) - _MAX_ROWS} more {e(t.noun)}(s) in report.json and the bundle.</p>'
+            if len(t.rows) > _MAX_ROWS else "")
+    note = f'<p class="muted">{e(sec.note)}</p>' if sec.note else ""
+    return (f'<section id="{e(sec.id)}"><h2>{e(sec.title)}</h2>{note}'
+            f'<table><tr>{head}</tr>{"".join(trs)}</table>{more}</section>')
+
+
+def _key_values(sec: Section) -> str:
+    kv = sec.body
+    if not isinstance(kv, KeyValues) or not kv.items:
+        return ""
+    dl = "".join(f"<dt>{e(k)}</dt><dd><code>{e(v)}</code></dd>" for k, v in kv.items[:_MAX_ROWS])
+    note = f'<p class="muted">{e(sec.note)}</p>' if sec.note else ""
+    return f'<section id="{e(sec.id)}"><h2>{e(sec.title)}</h2>{note}<dl>{dl}</dl></section>'
+
+
+#: How each presentation is drawn.
+_PRESENT: dict[type, Callable[[Section], str]] = {SeriesSet: _series, Groups: _groups, Table: _table,
+                                                  KeyValues: _key_values}
 
 
 def _evidence(report: Report) -> str:
@@ -281,13 +286,17 @@ def _reproduce(report: Report, bundle_name: str | None) -> str:
 def render_html(report: Report, *, bundle_name: str | None = None) -> str:
     """The whole report as one HTML document (no external resources)."""
     state = str(report.verdict.get("state", "unknown"))
-    sections = [_findings(report), _ranks(report), _charts(report), _stacks(report), _env(report),
-                _gpus(report), _evidence(report), _trace(report), _reproduce(report, bundle_name)]
-    titles = {"findings": "Findings", "ranks": "Ranks", "charts": "Metrics", "stacks": "Stacks",
-              "env": "Environment", "gpus": "GPUs", "evidence": "Evidence", "trace": "Trace",
-              "reproduce": "Reproduce"}
-    present = [sid for sid in titles if any(sec.startswith(f'<section id="{sid}"') for sec in sections)]
-    nav = "<nav>" + "".join(f'<a href="#{sid}">{titles[sid]}</a>' for sid in present) + "</nav>"
+    sections = [_findings(report), _ranks(report)]
+    titles = {"findings": "Findings", "ranks": "Ranks"}
+    for sec in view.sections(report):
+        present = _PRESENT.get(type(sec.body))
+        if present is not None and sec.id not in titles:
+            sections.append(present(sec))
+            titles[sec.id] = sec.nav or sec.title
+    sections += [_evidence(report), _trace(report), _reproduce(report, bundle_name)]
+    titles.update(evidence="Evidence", trace="Trace", reproduce="Reproduce")
+    present_ids = [sid for sid in titles if any(sec.startswith(f'<section id="{e(sid)}"') for sec in sections)]
+    nav = "<nav>" + "".join(f'<a href="#{e(sid)}">{e(titles[sid])}</a>' for sid in present_ids) + "</nav>"
     body = [
         _verdict(report), nav, "<main>", *sections, "</main>",
         f"<footer>mldoctor {e(__version__)}, report created {e(report.created)}; source: "

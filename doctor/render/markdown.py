@@ -1,20 +1,23 @@
 """The Markdown report: pasteable into a GitHub/GitLab issue or a Jira ticket.
 
-Order: the verdict paragraph, the ranked findings, then the detail sections (rank states, stack
-groups, environment, GPUs, evidence, trace) in collapsible ``<details>`` blocks, and the command
-that reproduces the diagnosis from the bundle. GitHub refuses comment bodies above 65,536
+Order: the verdict paragraph, the ranked findings, then the detail sections (rank states, the
+sections the probes contribute such as stack groups, environment and GPUs, drawn by presentation
+type, then evidence and trace) in collapsible ``<details>`` blocks, and the command that
+reproduces the diagnosis from the bundle. GitHub refuses comment bodies above 65,536
 characters, so every section is capped and later sections give way to a pointer to the bundle
 and the HTML report when the total would not fit.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from doctor import __version__
 from doctor.engine.findings import Finding
 from doctor.engine.report import Report
 from doctor.engine.rule import format_ranks
+from doctor.evidence.sections import Cell, Groups, KeyValues, Section, Table
 from doctor.render import view
 
 #: GitHub's limit for an issue or comment body (characters).
@@ -25,21 +28,56 @@ _MAX_FIX = 6
 _MAX_ITEM = 400
 _MAX_GROUPS = 12
 _MAX_FRAMES = 40
-_MAX_ENV = 150
-_MAX_GPU_ROWS = 64
+_MAX_ROWS = 64
+_MAX_COLS = 12
 _MAX_TRACE = 60
 _MAX_LIST = 30
 
 
+#: What GitHub/GitLab turn into a link without any markup (GFM's extended autolinks): URLs,
+#: ``www.`` names and e-mail addresses. In evidence text they become inline code, inert. An
+#: address starts where a token starts and its local part is bounded, so a long run of word
+#: characters costs linear time, not quadratic.
+_AUTOLINK = re.compile(r"(?:\b(?:https?|ftp|mailto|xmpp):|\bwww\.)[^\s<>]*"
+                       r"|(?<![\w.+-])[\w.+-]{1,256}@[\w-]+(?:\.[\w-]+)+", re.I)
+#: The backslash too, so that evidence cannot un-escape the brackets that link syntax needs.
+_MD_PUNCT = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]"})
+
+
+def _esc_plain(s: str) -> str:
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return s.translate(_MD_PUNCT)
+
+
 def esc(text: object) -> str:
-    """Escape text for a Markdown paragraph: no raw HTML (``<module>`` must stay visible)."""
-    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return s.replace("\r", " ").replace("\n", " ")
+    """Escape text from the evidence for a Markdown paragraph so none of it becomes live markup.
+
+    No raw HTML (``<module>`` must stay visible; ``<img src=...>`` must not load), no link or
+    image syntax (``[x](javascript:...)``, ``![x](http://...)``: brackets are escaped, and a
+    backslash in the text cannot undo that), and no autolink (a bare URL or e-mail address is
+    shown as inline code). The report's own structure is written around this text, never through
+    it.
+    """
+    s = str(text).replace("\r", " ").replace("\n", " ")
+    out: list[str] = []
+    pos = 0
+    for m in _AUTOLINK.finditer(s):
+        out += [_esc_plain(s[pos:m.start()]), code(m.group(0))]
+        pos = m.end()
+    out.append(_esc_plain(s[pos:]))
+    return "".join(out)
 
 
 def td(text: object) -> str:
     """Escape text for a table cell."""
-    return esc(text).replace("|", "\\|")
+    return cell(esc(text))
+
+
+def cell(markdown: str) -> str:
+    """Markdown already built from escaped text and code spans, made safe for a table cell (a
+    pipe would end the cell, even inside a code span); never escaped again, which would break
+    the code spans open."""
+    return markdown.replace("|", "\\|")
 
 
 def code(text: object) -> str:
@@ -137,23 +175,25 @@ def _ranks(report: Report, html: bool) -> str:
     return "## Where each rank is\n\n" + "\n".join(rows)
 
 
-def _stacks(report: Report, html: bool) -> str:
-    groups = view.stack_groups(report.facts)
+def _groups(sec: Section, html: bool) -> str:
+    """Groups of ranks sharing a stack, each collapsible; lines that differ from the base
+    (first) group's are marked ``>>``."""
+    groups = sec.body.groups if isinstance(sec.body, Groups) else []
     if not groups:
         return ""
-    base = groups[0].frames
-    parts = ["## Stack groups", "",
+    base = groups[0].lines
+    parts = [f"## {esc(sec.title)}", "",
              f"{len(groups)} group(s) of ranks with the same stack; the largest first. Frames marked "
              "`>>` differ from the largest group's stack."]
     for k, g in enumerate(groups[:_MAX_GROUPS], 1):
         share = f", {view.pct(g.share)} of ranks" if g.share is not None else ""
         summary = (f"Group {k}: {g.n} rank(s) {esc(clip(format_ranks(g.ranks), 120))}, "
-                   f"{esc(g.where)}{share}{' (majority)' if k == 1 and len(groups) > 1 else ''}")
-        diff = view.frame_diff(g.frames, base)
+                   f"{esc(g.label)}{share}{' (majority)' if k == 1 and len(groups) > 1 else ''}")
+        diff = view.frame_diff(g.lines, base)
         lines = [f"   at {clip(g.site, 240)}"] if g.site else []
         lines += [(">> " if changed and k > 1 else "   ") + clip(fr, 240) for fr, changed in diff[:_MAX_FRAMES]]
-        if len(g.frames) > _MAX_FRAMES:
-            lines.append(f"   ... {len(g.frames) - _MAX_FRAMES} more frame(s)")
+        if len(g.lines) > _MAX_FRAMES:
+            lines.append(f"   ... {len(g.lines) - _MAX_FRAMES} more frame(s)")
         body = block(lines) if lines else "_no frames recorded_"
         parts += ["", details(summary, body, html)]
     if len(groups) > _MAX_GROUPS:
@@ -162,45 +202,54 @@ def _stacks(report: Report, html: bool) -> str:
     return "\n".join(parts)
 
 
-def _env(report: Report, html: bool) -> str:
-    rows = view.env_rows(report.facts)
-    if not rows:
-        return ""
-    n_diff = sum(r.differs for r in rows)
-    out = ["| variable | value |", "| --- | --- |"]
-    for r in rows[:_MAX_ENV]:
-        if r.differs:
-            values = "; ".join(f"{code(clip(v, 80))} on {clip(view.ranks_phrase(rs), 100)}"
-                               for v, rs in r.by_value[:4]) or code(clip(r.value, 120))
-            if len(r.by_value) > 4:
-                values += f"; {len(r.by_value) - 4} more value(s)"
-            out.append(f"| **{td(r.key)}** (differs) | {td(values)} |")
-        else:
-            out.append(f"| {td(r.key)} | {td(code(clip(r.value, 160)))} |")
-    if len(rows) > _MAX_ENV:
-        out.append(f"| ... | {len(rows) - _MAX_ENV} more variable(s) in the bundle |")
-    title = f"Environment: {len(rows)} allowlisted variable(s), {n_diff} differ across ranks"
-    return "## Environment\n\n" + details(title, "\n".join(out), html)
+def _cell(c: Cell) -> str:
+    """A table cell: a value differing by rank lists each value with its ranks; literal values
+    are code; other text is escaped and clipped."""
+    if c.by_ranks:
+        values = "; ".join(f"{code(clip(v, 80))} on {clip(view.ranks_phrase(rs), 100)}" for v, rs in c.by_ranks[:4])
+        if len(c.by_ranks) > 4:
+            values += f"; {len(c.by_ranks) - 4} more value(s)"
+        return cell(values)
+    if c.code:
+        return cell(code(clip(c.text, 160)))
+    return td(clip(c.text, 60))
 
 
-def _gpus(report: Report, html: bool) -> str:
-    cols, rows, flagged = view.gpu_table(report.facts)
-    if not rows or not cols:
+def _table(sec: Section, html: bool) -> str:
+    """A table; highlighted rows first (the probe orders them) with their first cell in bold."""
+    t = sec.body
+    if not isinstance(t, Table) or not t.rows or not t.columns:
         return ""
-    named = view.gpu_named(rows, report)
-    order = sorted(range(len(rows)), key=lambda i: (not named[i], not flagged[i], i))[:_MAX_GPU_ROWS]
+    cols = t.columns[:_MAX_COLS]
     out = ["| " + " | ".join(td(c) for c in cols) + " |", "|" + " --- |" * len(cols)]
-    for i in order:
-        mark = "**" if named[i] or flagged[i] else ""
-        cells = [td(clip(rows[i].get(c, ""), 60)) for c in cols]
-        cells[0] = f"{mark}{cells[0]}{mark}" if cells[0] else cells[0]
+    for row in t.rows[:_MAX_ROWS]:
+        cells = [_cell(c) for c in row.cells[:len(cols)]]
+        cells += [""] * (len(cols) - len(cells))
+        if row.highlighted and cells[0]:
+            cells[0] = f"**{cells[0]}**" + (f" {esc(row.suffix)}" if row.suffix else "")
         out.append("| " + " | ".join(cells) + " |")
-    if len(rows) > len(order):
-        out.append(f"\n_{len(rows) - len(order)} more GPU(s) in report.html and the bundle; "
-                   "the ones named by findings or flagged come first._")
-    n_flag = sum(flagged)
-    title = f"{len(rows)} GPU(s)" + (f", {n_flag} flagged" if n_flag else "")
-    return "## GPUs\n\n" + details(title, "\n".join(out), html)
+    if len(t.rows) > _MAX_ROWS:
+        out.append(f"\n_{len(t.rows) - _MAX_ROWS} more {esc(t.noun)}(s) in report.html and the bundle; "
+                   "highlighted ones come first._")
+    return f"## {esc(sec.title)}\n\n" + details(esc(sec.summary or sec.title), "\n".join(out), html)
+
+
+def _key_values(sec: Section, html: bool) -> str:
+    kv = sec.body
+    if not isinstance(kv, KeyValues) or not kv.items:
+        return ""
+    lines = [f"- **{esc(clip(k, 120))}:** {code(clip(v, _MAX_ITEM))}" for k, v in kv.items[:_MAX_ROWS]]
+    return f"## {esc(sec.title)}\n\n" + details(esc(sec.summary or sec.title), "\n".join(lines), html)
+
+
+#: How each presentation is written; series are charts, drawn in report.html only.
+_PRESENT: dict[type, Callable[[Section, bool], str]] = {Groups: _groups, Table: _table, KeyValues: _key_values}
+
+
+def _section_name(sec: Section) -> str:
+    """``stack groups``, ``GPUs``: the title as it reads inside a sentence."""
+    t = sec.title
+    return t[:1].lower() + t[1:] if not t[1:2].isupper() else t
 
 
 def _evidence(report: Report, html: bool) -> str:
@@ -267,12 +316,14 @@ def render_markdown(report: Report, *, bundle_name: str | None = None, html: boo
     parts = [head, findings]
     used = sum(len(p) + 2 for p in parts) + fixed
     omitted: list[str] = []
-    sections: list[tuple[str, Callable[[Report, bool], str]]] = [
-        ("rank states", _ranks), ("stack groups", _stacks), ("environment", _env), ("GPUs", _gpus),
-        ("evidence", _evidence), ("trace", _trace),
-    ]
+    sections: list[tuple[str, Callable[[], str]]] = [("rank states", lambda: _ranks(report, html))]
+    for sec in view.sections(report):
+        present = _PRESENT.get(type(sec.body))
+        if present is not None:
+            sections.append((_section_name(sec), lambda sec=sec, present=present: present(sec, html)))
+    sections += [("evidence", lambda: _evidence(report, html)), ("trace", lambda: _trace(report, html))]
     for name, fn in sections:
-        text = fn(report, html)
+        text = fn()
         if not text:
             continue
         if used + len(text) + 2 > limit:

@@ -31,15 +31,13 @@ from typing import Any
 
 from doctor.engine.findings import Finding
 from doctor.engine.report import SCHEMA as REPORT_SCHEMA
-from doctor.engine.report import Report
+from doctor.engine.report import Report, doc_problem
 from doctor.evidence.bundle import Bundle, open_new, scrub_for_kind, sha256_file
 from doctor.evidence.errors import UserError
 from doctor.evidence.redact import HostRedactor, is_text, scrub, scrub_bytes
 
 #: Loose files above this size are left out of the bundle (noted in the manifest).
 MAX_LOOSE_COPY = 256 * 1024**2
-_HOST_ENV_KEYS = ("HOSTNAME", "MASTER_ADDR", "SLURMD_NODENAME", "SLURM_LAUNCH_NODE_IPADDR",
-                  "SLURM_SUBMIT_HOST", "SLURM_TOPOLOGY_ADDR")
 
 
 _REPORT_NAMES = ("report.md", "report.html", "report.json", "host-map.json")
@@ -95,14 +93,23 @@ def _gunzip(data: bytes) -> bytes | None:
     return None if len(out) > MAX_GUNZIP or d.unconsumed_tail else out
 
 
-def clean_value(obj: Any, fn: Callable[[str], str]) -> Any:
-    """Apply ``fn`` to every string (keys included) of a JSON-shaped value."""
+#: Values nested deeper than this in the facts are cut (a 5 KB gpu.json nested 500 levels would
+#: otherwise reach Python's recursion limit here or in json.dumps: an internal error, no report).
+MAX_CLEAN_DEPTH = 64
+CUT_DEEP = "(nested too deeply; cut)"
+
+
+def clean_value(obj: Any, fn: Callable[[str], str], depth: int = 0) -> Any:
+    """Apply ``fn`` to every string (keys included) of a JSON-shaped value; anything nested
+    deeper than MAX_CLEAN_DEPTH becomes ``CUT_DEEP`` (no real fact is that deep)."""
     if isinstance(obj, str):
         return fn(obj)
+    if isinstance(obj, (dict, list, tuple)) and depth >= MAX_CLEAN_DEPTH:
+        return CUT_DEEP
     if isinstance(obj, dict):
-        return {(fn(k) if isinstance(k, str) else k): clean_value(v, fn) for k, v in obj.items()}
+        return {(fn(k) if isinstance(k, str) else k): clean_value(v, fn, depth + 1) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [clean_value(v, fn) for v in obj]
+        return [clean_value(v, fn, depth + 1) for v in obj]
     return obj
 
 
@@ -128,6 +135,9 @@ def report_from_json(doc: dict[str, Any]) -> Report:
     """Rebuild the report model from a written ``report.json`` (to render it again)."""
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("mldoctor.report/"):
         raise UserError(f"not an mldoctor report (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
+    problem = doc_problem(doc)
+    if problem:
+        raise UserError(f"report.json does not match {REPORT_SCHEMA}: {problem[:200]}")
     known = {f.name for f in fields(Finding)}
     findings = []
     for raw in doc.get("findings") or []:
@@ -164,7 +174,9 @@ def load_report_json(path: Path) -> Report:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not a readable report.json ({exc})") from None
+        raise UserError(f"{path}: not a readable report.json ({str(exc)[:200]})") from None
+    except RecursionError:
+        raise UserError(f"{path}: report.json is nested too deeply to be one") from None
     try:
         return report_from_json(doc)
     except UserError as exc:
@@ -178,12 +190,9 @@ def host_redactor(report: Report, bundle: Bundle | None = None) -> HostRedactor:
     names: list[str] = []
     facts = report.facts
     names += [h for h in (facts.get("job") or {}).get("hosts", []) if isinstance(h, str)]
-    env = facts.get("env") if isinstance(facts.get("env"), dict) else {}
-    for key in _HOST_ENV_KEYS:
-        names += [v for v in (env.get("values") or {}).get(key, []) if isinstance(v, str)]
-    for per in (env.get("by_rank") or {}).values():
-        if isinstance(per, dict):
-            names += [per[k] for k in _HOST_ENV_KEYS if isinstance(per.get(k), str)]
+    from doctor.render import view  # lazy, as below: --help must not load the registry
+
+    names += view.host_names(report)  # what each kind's facts name (env: HOSTNAME, MASTER_ADDR, ...)
     for f in report.findings:
         names += f.hosts
     if bundle is not None:
@@ -255,6 +264,32 @@ def _prepare(data: bytes, kind: str, redactor: HostRedactor | None) -> tuple[byt
     return data, text
 
 
+#: Files above this are scrubbed in chunks straight into the bundle (``Bundle.add_artifact_file``)
+#: instead of in memory; below it the whole-file path keeps its exact output.
+STREAM_MIN = 8 * 1024**2
+
+
+def _streamed(stage: Bundle, path: Path, size: int, kind: str, rel: str, redactor: HostRedactor | None,
+              **art: Any) -> bool:
+    """Copy a big plain file in chunks; False when it must go the whole-file way: small, gzip or
+    UTF-16 (opened first, capped by MAX_GUNZIP / MAX_LOOSE_COPY), or a kind with its own
+    scrubbing, which needs the whole file."""
+    from doctor.evidence import plugins
+    from doctor.evidence.contract import Probe
+
+    if size <= STREAM_MIN:
+        return False
+    probe = plugins.probe(kind) if kind else None
+    if probe is not None and type(probe).scrub is not Probe.scrub:
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(8192)
+    if head[:2] == b"\x1f\x8b" or _utf16(head) is not None:
+        return False
+    stage.add_artifact_file(rel, path, kind, text=is_text(head), rewrite=redactor, **art)
+    return True
+
+
 def _copy_loose(stage: Bundle, from_path: Path, redactor: HostRedactor | None,
                 logs: list[Path] | None) -> None:
     """Every file of a loose folder (and the --logs paths) as an artifact under ``loose/``."""
@@ -270,27 +305,30 @@ def _copy_loose(stage: Bundle, from_path: Path, redactor: HostRedactor | None,
             if item.skip:  # a link, FIFO, unreadable folder or past the cap: never copied
                 stage.note(f"{item.rel}: {item.skip}")
                 continue
+            rel = f"{prefix}/{item.rel}"
+            host = item.hints.host or ""
+            if redactor is not None:
+                rel = redactor(rel)
+                host = redactor(host) if host else ""
             try:
                 size = item.path.stat().st_size
                 if size > MAX_LOOSE_COPY:
                     stage.note(f"{item.rel}: {size / 2**20:.0f} MiB, above the {MAX_LOOSE_COPY // 2**20} MiB "
                                "copy limit; left out of the bundle")
                     continue
+                kind = claim(item.path)
+                if _streamed(stage, item.path, size, kind, rel, redactor, host=host, rank=item.hints.rank,
+                             meta={"source": "loose"}):
+                    continue
                 data = item.path.read_bytes()
             except OSError as exc:
                 stage.note(f"{item.rel}: could not be copied ({exc.strerror or exc})")
                 continue
-            kind = claim(item.path)
             prepared = _prepare(data, kind, redactor)
             if prepared is None:
                 stage.note(f"{scrub(item.rel)}: compressed and damaged or too large to scrub; left out")
                 continue
             data, text = prepared
-            rel = f"{prefix}/{item.rel}"
-            host = item.hints.host or ""
-            if redactor is not None:
-                rel = redactor(rel)
-                host = redactor(host) if host else ""
             stage.add_artifact(rel, data, kind, host=host, rank=item.hints.rank, text=text,
                                meta={"source": "loose"})
 
@@ -306,21 +344,24 @@ def _copy_bundle(stage: Bundle, src: Bundle, redactor: HostRedactor | None) -> N
         stage.note(f"source bundle: {problem}")
     for art in src.manifest.get("artifacts", []):
         p = src.artifact_path(art)
+        kind = art.get("kind") or ""
+        rel = art["path"]
+        host = art.get("host") or ""
+        if redactor is not None:
+            rel, host = redactor(rel), (redactor(host) if host else "")
         try:
+            if _streamed(stage, p, p.stat().st_size, kind, rel, redactor, host=host, rank=art.get("rank"),
+                         meta=clean_value(art.get("meta") or {}, fn)):
+                continue
             data = p.read_bytes()
         except OSError as exc:
             stage.note(f"{art.get('path')}: could not be copied ({exc.strerror or exc})")
             continue
-        kind = art.get("kind") or ""
         prepared = _prepare(data, kind, redactor)
         if prepared is None:
             stage.note(f"{scrub(art['path'])}: compressed and damaged or too large to scrub; left out")
             continue
         data, text = prepared
-        rel = art["path"]
-        host = art.get("host") or ""
-        if redactor is not None:
-            rel, host = redactor(rel), (redactor(host) if host else "")
         stage.add_artifact(rel, data, kind, host=host, rank=art.get("rank"), pid=art.get("pid"),
                            text=text, meta=clean_value(art.get("meta") or {}, fn))
     for h in clean_value(src.manifest.get("hosts", []), fn):
@@ -440,7 +481,7 @@ def load_for_report(path: Path) -> tuple[Report, str | None]:
             doc_bundle = None
             try:
                 doc_bundle = (json.loads(path.read_text(encoding="utf-8")).get("bundle") or {}).get("archive")
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 doc_bundle = None
             return report, doc_bundle if isinstance(doc_bundle, str) else None
     if path.is_file() and Bundle.is_bundle(path):

@@ -20,7 +20,15 @@ from doctor.engine.report import Report
 from doctor.evidence.errors import UserError
 from doctor.tui import questions as qs
 from doctor.tui import views
-from doctor.tui.browser import EnvPane, GpuPane, MetricsPane, RanksPane, StacksPane, TracePane
+from doctor.tui.browser import (
+    EnvPane,
+    GpuPane,
+    MetricsPane,
+    MorePane,
+    RanksPane,
+    StacksPane,
+    TracePane,
+)
 from doctor.tui.dialogs import ExportScreen, HelpScreen
 from doctor.tui.findings import FindingsPane
 from doctor.tui.guide import GuidePane
@@ -33,8 +41,8 @@ if TYPE_CHECKING:
 TABS = (
     ("guide", "g Guide", "#answers"), ("findings", "f Findings", "#finding-list"),
     ("ranks", "r Ranks", "#rank-table"), ("stacks", "s Stacks", "#group-list"),
-    ("env", "e Env", "#env-table"), ("gpu", "u GPU", "#gpu-table"),
-    ("metrics", "m Metrics", "MetricsPane"), ("trace", "t Trace", "TracePane"),
+    ("env", "e Env", "#env-table"), ("gpu", "u GPU", "#gpus-table"),
+    ("metrics", "m Metrics", "MetricsPane"), ("more", "o More", "MorePane"), ("trace", "t Trace", "TracePane"),
 )
 
 
@@ -73,7 +81,8 @@ class DoctorApp(App[int]):
     def compose(self) -> ComposeResult:
         yield Static("", id="status")
         panes = {"guide": GuidePane, "findings": FindingsPane, "ranks": RanksPane, "stacks": StacksPane,
-                 "env": EnvPane, "gpu": GpuPane, "metrics": MetricsPane, "trace": TracePane}
+                 "env": EnvPane, "gpu": GpuPane, "metrics": MetricsPane, "more": MorePane,
+                 "trace": TracePane}
         with TabbedContent(id="tabs", initial="guide"):
             for tid, label, _ in TABS:
                 with TabPane(label, id=tid):
@@ -82,6 +91,7 @@ class DoctorApp(App[int]):
 
     # -- start -------------------------------------------------------------------------------------
     def on_mount(self) -> None:
+        self.query_one(TabbedContent).hide_tab("more")
         self._timer = self.set_interval(0.2, self._poll, pause=True)
         guide = self.query_one(GuidePane)
         guide.progress(f"Evidence: {self.session.label()}")
@@ -190,8 +200,14 @@ class DoctorApp(App[int]):
         self._status("")
         self.query_one(GuidePane).show_findings(report, self._label)
         self.query_one(TracePane).causes = self.causes
-        for pane in (FindingsPane, RanksPane, StacksPane, EnvPane, GpuPane, MetricsPane, TracePane):
+        for pane in (FindingsPane, RanksPane, StacksPane, EnvPane, GpuPane, MetricsPane, MorePane, TracePane):
             self.query_one(pane).show(report)
+        # The "More" tab is there only when some evidence kind has sections no other tab draws.
+        tabs = self.query_one(TabbedContent)
+        if self.query_one(MorePane).has_sections:
+            tabs.show_tab("more")
+        else:
+            tabs.hide_tab("more")
 
     def _ask_next(self) -> None:
         guide = self.query_one(GuidePane)
@@ -218,7 +234,7 @@ class DoctorApp(App[int]):
             else:
                 a = q.answers[msg.index]
                 rerun = self.session.answer(q.id, text, a.label, symptom=a.symptom, sets_symptom=q.sets_symptom,
-                                            note=a.note or a.label)
+                                            note=a.note or a.label, facts=a.facts, pattern_id=a.pattern_id)
                 guide.progress(f"You: {a.label}")
         except UserError as exc:
             self.session.answered.remove(q.id)

@@ -11,6 +11,7 @@ from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
 from doctor.engine.report import Report
+from doctor.evidence.sections import Group
 from doctor.render import view
 from doctor.tui import views
 
@@ -27,10 +28,33 @@ class TextPane(VerticalScroll):
         self.query_one(".body", Static).update(text)
 
 
-class MetricsPane(TextPane):
+class MorePane(TextPane):
+    """Sections that no other tab draws (a new evidence kind's tables, key values, groups)."""
+
+    #: Sections with a tab of their own.
+    SHOWN = frozenset({"stacks", "env", "gpus", "charts"})
+    empty = "No other evidence sections in this report."
+
+    #: Whether the last report had any such section (the app hides the tab when not).
+    has_sections = False
+
     def show(self, report: Report | None) -> None:
         if report is not None:
-            self.set_text(views.metric_charts(report.facts, width=max(20, self.size.width - 4 or 70)))
+            rest = [s for s in view.sections(report) if s.id not in self.SHOWN]
+            self.has_sections = bool(rest)
+            self.set_text(views.more_text(rest, self.empty, width=max(20, self.size.width - 4 or 70)))
+
+
+class MetricsPane(TextPane):
+    """The series section (curves as sparklines, events marked)."""
+
+    section_id = "charts"
+    empty = "No loss or step-time series in the evidence (metrics CSV/JSONL, TensorBoard, trainer logs)."
+
+    def show(self, report: Report | None) -> None:
+        if report is not None:
+            self.set_text(views.series_text(view.section(report, self.section_id), self.empty,
+                                            width=max(20, self.size.width - 4 or 70)))
 
 
 class TracePane(TextPane):
@@ -53,17 +77,15 @@ class RanksPane(VerticalScroll):
         yield Static("No report yet.", id="rank-grid")
         yield DataTable(id="rank-table", cursor_type="row", zebra_stripes=True)
 
-    def on_mount(self) -> None:
-        self.query_one("#rank-table", DataTable).add_columns("rank", "state", "mark", "stack group",
-                                                              "last collective", "host")
-
     def show(self, report: Report | None) -> None:
         if report is None:
             return
         self.query_one("#rank-grid", Static).update(views.rank_grid(report, width=max(20, (self.size.width or 78) - 2)))
         table = self.query_one("#rank-table", DataTable)
-        table.clear()
-        for row in views.rank_rows(report):
+        cols, rows = views.rank_rows(report)
+        table.clear(columns=True)
+        table.add_columns(*cols)
+        for row in rows:
             table.add_row(*row)
 
 
@@ -78,7 +100,7 @@ class StacksPane(Vertical):
 
     def __init__(self, **kwargs) -> None:  # noqa: ANN003
         super().__init__(**kwargs)
-        self.groups: list[view.StackGroup] = []
+        self.groups: list[Group] = []
         self.culprits: set[int] = set()
 
     def compose(self) -> ComposeResult:
@@ -89,7 +111,7 @@ class StacksPane(Vertical):
     def show(self, report: Report | None) -> None:
         if report is None:
             return
-        self.groups = view.stack_groups(report.facts)
+        self.groups = view.stack_groups(report)
         self.culprits = view.culprit_ranks(report)
         lst = self.query_one("#group-list", OptionList)
         lst.clear_options()
@@ -112,53 +134,42 @@ class StacksPane(Vertical):
         self._detail(event.option_index)
 
 
-class EnvPane(Vertical):
-    """Allowlisted environment per rank; variables that differ across ranks first, marked DIFF."""
+class TablePane(Vertical):
+    """A table section of the report, its marks (DIFF, LOOK, NAMED) in the first column."""
 
-    DEFAULT_CSS = "EnvPane { height: 1fr; } EnvPane #env-head { height: auto; } EnvPane DataTable { height: 1fr; }"
+    DEFAULT_CSS = "TablePane { height: 1fr; } TablePane .head { height: auto; } TablePane DataTable { height: 1fr; }"
+    #: The section this pane shows, and what it says when the evidence has none.
+    section_id = ""
+    empty = "Nothing of this kind in the evidence."
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="env-head")
-        yield DataTable(id="env-table", cursor_type="row", zebra_stripes=True)
-
-    def on_mount(self) -> None:
-        self.query_one("#env-table", DataTable).add_columns("mark", "variable", "value (per rank when it differs)")
+        yield Static("", classes="head", id=f"{self.section_id}-head")
+        yield DataTable(id=f"{self.section_id}-table", cursor_type="row", zebra_stripes=True)
 
     def show(self, report: Report | None) -> None:
         if report is None:
             return
-        rows = views.env_rows(report.facts)
-        n_diff = sum(1 for r in rows if r[0])
-        env = report.facts.get("env") if isinstance(report.facts.get("env"), dict) else {}
-        self.query_one("#env-head", Static).update(
-            f"{len(rows)} variable(s) from {env.get('sources', 0)} source(s); {n_diff} differ across ranks "
-            "(marked DIFF, listed first)" if rows else "No environment in the evidence.")
-        table = self.query_one("#env-table", DataTable)
-        table.clear()
-        for row in rows:
-            table.add_row(*row)
-
-
-class GpuPane(Vertical):
-    """One row per GPU; LOOK = a health flag is set, NAMED = a finding names this GPU."""
-
-    DEFAULT_CSS = "GpuPane { height: 1fr; } GpuPane #gpu-head { height: auto; } GpuPane DataTable { height: 1fr; }"
-
-    def compose(self) -> ComposeResult:
-        yield Static("", id="gpu-head")
-        yield DataTable(id="gpu-table", cursor_type="row", zebra_stripes=True)
-
-    def show(self, report: Report | None) -> None:
-        if report is None:
-            return
-        cols, rows = views.gpu_rows(report)
-        table = self.query_one("#gpu-table", DataTable)
+        section = view.section(report, self.section_id)
+        cols, rows = views.table_rows(section)
+        self.query_one(".head", Static).update(views.table_head(section, self.empty))
+        table = self.query_one(DataTable)
         table.clear(columns=True)
         if not rows:
-            self.query_one("#gpu-head", Static).update("No GPU readings in the evidence (nvidia-smi, NVML).")
             return
-        self.query_one("#gpu-head", Static).update(
-            f"{len(rows)} GPU(s); mark: LOOK = a health flag is set, NAMED = a finding names it")
         table.add_columns(*cols)
         for row in rows:
             table.add_row(*row)
+
+
+class EnvPane(TablePane):
+    """Allowlisted environment; variables that differ across ranks first, marked DIFF."""
+
+    section_id = "env"
+    empty = "No environment in the evidence."
+
+
+class GpuPane(TablePane):
+    """One row per GPU; LOOK = a health flag is set, NAMED = a finding names this GPU."""
+
+    section_id = "gpus"
+    empty = "No GPU readings in the evidence (nvidia-smi, NVML)."

@@ -29,6 +29,9 @@ class Answer:
     note: str = ""
     #: The answer's entry in the pattern library (how people say it in a ticket).
     pattern_id: str = ""
+    #: ``(list, value)`` pairs added to the ``symptoms.*`` facts, the ones a ticket saying the same
+    #: thing would give (``symptoms.states`` += ``hang``).
+    facts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ def _load() -> tuple[Question, ...]:
     for p in parse_library(LIBRARY.name, text):
         f = p.fields
         answers.setdefault(str(f["question"]), []).append(
-            Answer(str(f["label"]), f.get("symptom"), str(f.get("note") or ""), p.id))
+            Answer(str(f["label"]), f.get("symptom"), str(f.get("note") or ""), p.id,
+                   tuple((str(k), str(v)) for k, v in (f.get("facts") or {}).items())))
     out = []
     for q in safe_data(text)["questions"]:
         out.append(Question(id=q["id"], text=q["text"], why=q["why"], when=q["when"],

@@ -55,6 +55,8 @@ class Session:
     symptom: str | None = None
     notes: list[Note] = field(default_factory=list)
     answered: list[str] = field(default_factory=list)
+    #: What the answers told, as ``symptoms.*`` facts: (list, value, pattern id, label).
+    told: list[tuple[str, str, str, str]] = field(default_factory=list)
     report: Report | None = None
     saved: Report | None = None
     trace: Trace | None = None
@@ -133,6 +135,8 @@ class Session:
                 rules_dirs=self.rules_dirs or None, budget=self.budget, job=self.job,
                 out=self._live_out, trace=trace,
             )
+            # a second run finds live/bundle taken and writes into a new run folder: follow it
+            self._live_out = Path(report.source.get("bundle") or self._live_out / "bundle").parent
         else:
             report = self._diagnose_path(trace)
         self.report = report
@@ -151,14 +155,31 @@ class Session:
                 trace.add("verify", problem)
         source = {**source, "path": str(self.path)}
         trace.add("gather", f"{len(items)} file(s) from {source['type']} {self.path}")
-        return analyze(items, source, self.symptom, probe_runs, self.rules_dirs or None, trace)
+        return analyze(items, source, self.symptom, probe_runs, self.rules_dirs or None, trace,
+                       extra_facts={"symptoms": self.symptom_facts()} if self.told else None)
+
+    def symptom_facts(self) -> dict[str, Any]:
+        """The answers as the ``symptoms`` namespace a ticket's prose fills (same lists and
+        phrase records), so the symptom rules read a clicked answer like a written sentence."""
+        lists: dict[str, list[str]] = {k: [] for k in ("states", "when", "where", "changed", "fixes", "tried")}
+        for fact, value, _, _ in self.told:
+            if fact in lists and value not in lists[fact]:
+                lists[fact].append(value)
+        phrases = [{"id": pid, "fact": fact, "value": value, "text": label, "where": "walkthrough answer",
+                    "asserted": True, "why_not": ""} for fact, value, pid, label in self.told]
+        return {**lists, "state": lists["states"][0] if lists["states"] else "", "after_steps": None,
+                "phrases": phrases, "sources": ["walkthrough answers"]}
 
     # -- answers -------------------------------------------------------------------------------
     def answer(self, qid: str, question: str, answer: str, *, symptom: str | None = None,
-               sets_symptom: bool = False, note: str = "", text: str = "", path: str = "") -> bool:
-        """Record an answer; True when it calls for a new diagnosis (new hint or new evidence)."""
+               sets_symptom: bool = False, note: str = "", text: str = "", path: str = "",
+               facts: tuple[tuple[str, str], ...] = (), pattern_id: str = "") -> bool:
+        """Record an answer; True when it calls for a new diagnosis (new hint, new evidence, or
+        new symptom facts for the rules; live runs take the facts on their next run)."""
         self.answered.append(qid)
-        rerun = False
+        new = [(f, v, pattern_id, answer) for f, v in facts if (f, v) not in {(t[0], t[1]) for t in self.told}]
+        self.told.extend(new)
+        rerun = bool(new) and not self.live
         if sets_symptom and symptom != self.symptom:
             self.symptom = symptom
             rerun = True

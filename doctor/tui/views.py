@@ -2,8 +2,9 @@
 
 Every signal carries text as well as colour (a state letter, ``CULPRIT``, ``DIFF``, ``+``/``-``),
 so the screens read the same in a monochrome terminal, a screen reader or a test. The derived
-views (rank states, stack groups, env rows, GPU table) come from ``doctor.render.view``, the same
-code the Markdown and HTML reports use.
+views (rank states, and the sections the probes contribute: stack groups, tables, series) come
+from ``doctor.render.view``, the same code the Markdown and HTML reports use; panes draw a
+section by its presentation type, never by reading a probe's facts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.text import Text
 from doctor.engine.findings import Finding
 from doctor.engine.report import Report
 from doctor.engine.rule import format_ranks
+from doctor.evidence.sections import Cell, Group, Groups, KeyValues, Section, SeriesSet, Table
 from doctor.render import view
 
 SEVERITY_STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
@@ -158,28 +160,25 @@ def rank_grid(report: Report, width: int = 76) -> Text:
     return t
 
 
-def rank_rows(report: Report) -> list[tuple[str, ...]]:
-    """Rows for the per-rank table: rank, state, CULPRIT mark, stack group, last collective, host."""
+def rank_rows(report: Report) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Columns and rows of the per-rank table: rank, state, CULPRIT mark, the columns the probes
+    offer (stack group, last collective), host."""
     states = view.rank_states(report)
-    per = report.ranks()
+    details = view.rank_details(report)
     culprits = view.culprit_ranks(report)
     hosts = (report.facts.get("job") or {}).get("rank_hosts") or {}
     rows = []
     for rank, label in list(states.items())[:MAX_GRID_CELLS]:
-        info = per.get(str(rank), {})
-        st = info.get("stacks") if isinstance(info.get("stacks"), dict) else {}
-        fr = info.get("flight_recorder") if isinstance(info.get("flight_recorder"), dict) else {}
-        rows.append((str(rank), label, "CULPRIT" if rank in culprits else "", str(st.get("group") or ""),
-                     str(fr.get("last_op") or ""), str(hosts.get(str(rank)) or "")))
-    return rows
+        rows.append((str(rank), label, "CULPRIT" if rank in culprits else "",
+                     *[str(col.get(rank) or "") for col in details.values()], str(hosts.get(str(rank)) or "")))
+    return ["rank", "state", "mark", *details, "host"], rows
 
 
 # -- stacks --------------------------------------------------------------------------------------
 
-def group_label(g: view.StackGroup, culprits: set[int]) -> Text:
-    gid = str(g.extra.get("id") or f"g{g.index}")
-    t = Text(f"{gid:<4}")
-    t.append(f"{g.where:<26} ")
+def group_label(g: Group, culprits: set[int]) -> Text:
+    t = Text(f"{g.id:<4}")
+    t.append(f"{g.label:<26} ")
     t.append(f"{g.n:>4} rank{'s' if g.n != 1 else ' '} {format_ranks(g.ranks)}")
     if g.majority:
         t.append("  majority", style="dim")
@@ -188,66 +187,68 @@ def group_label(g: view.StackGroup, culprits: set[int]) -> Text:
     return t
 
 
-def group_detail(g: view.StackGroup, majority: view.StackGroup | None) -> Text:
+def group_detail(g: Group, majority: Group | None) -> Text:
     """A group's frames as a diff against the majority group: '+' only here, '-' only there."""
     t = Text()
-    gid = str(g.extra.get("id") or f"g{g.index}")
-    t.append(f"{gid}: {g.where}, ranks {format_ranks(g.ranks)}\n", style="bold")
+    t.append(f"{g.id}: {g.label}, ranks {format_ranks(g.ranks)}\n", style="bold")
     if g.site:
         t.append(f"called from: {g.site}\n")
     if g.top:
         t.append(f"innermost:   {g.top}\n")
     if majority is None or majority is g:
         t.append("\nFrames (innermost first; this is the majority group):\n", style="dim")
-        for fr in g.frames:
+        for fr in g.lines:
             t.append(f"  {fr}\n")
         return t
-    mid = str(majority.extra.get("id") or f"g{majority.index}")
-    t.append(f"\nDiff against the majority group {mid} ({majority.where}, ranks {format_ranks(majority.ranks)}):\n",
+    t.append(f"\nDiff against the majority group {majority.id} ({majority.label}, ranks {format_ranks(majority.ranks)}):\n",
              style="dim")
     t.append("  '+' only in this group, '-' only in the majority, ' ' shared\n", style="dim")
-    sm = difflib.SequenceMatcher(a=majority.frames, b=g.frames, autojunk=False)
+    sm = difflib.SequenceMatcher(a=majority.lines, b=g.lines, autojunk=False)
     for op, a0, a1, b0, b1 in sm.get_opcodes():
         if op == "equal":
-            for fr in g.frames[b0:b1]:
+            for fr in g.lines[b0:b1]:
                 t.append(f"    {fr}\n")
             continue
-        for fr in majority.frames[a0:a1]:
+        for fr in majority.lines[a0:a1]:
             t.append(f"  - {fr}\n", style="red")
-        for fr in g.frames[b0:b1]:
+        for fr in g.lines[b0:b1]:
             t.append(f"  + {fr}\n", style="green")
     return t
 
 
-# -- environment and GPUs ------------------------------------------------------------------------
+# -- tables (environment, GPUs, any probe's table) ---------------------------------------------------
 
-def env_rows(facts: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(marker, variable, value): differing variables first, marked ``DIFF``, with the value of
-    each rank group ("0 on r0; 1 on r1-3"); a variable the same on every rank shows its value."""
-    rows = []
-    for r in view.env_rows(facts):
-        if r.differs:
-            values = "; ".join(f"{v} on r{format_ranks(rs)}" for v, rs in r.by_value[:6])
-            if len(r.by_value) > 6:
-                values += f"; ... {len(r.by_value) - 6} more values"
-            rows.append(("DIFF", r.key, values))
-        else:
-            rows.append(("", r.key, r.value))
-    return rows
+def _cell(c: Cell) -> str:
+    if not c.by_ranks:
+        return c.text
+    values = "; ".join(f"{v} on r{format_ranks(rs)}" for v, rs in c.by_ranks[:6])
+    if len(c.by_ranks) > 6:
+        values += f"; ... {len(c.by_ranks) - 6} more values"
+    return values
 
 
-def gpu_rows(report: Report) -> tuple[list[str], list[tuple[str, ...]]]:
-    """Columns and rows of the GPU table; the first column says LOOK (flagged) or NAMED (a finding's)."""
-    cols, rows, flagged = view.gpu_table(report.facts)
-    named = view.gpu_named(rows, report)
+def table_rows(section: Section | None, max_cols: int = 12) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Columns and rows of a table section; the first column holds the row's marks (DIFF, LOOK,
+    NAMED), so what is highlighted reads without colour."""
+    if section is None or not isinstance(section.body, Table):
+        return [], []
+    cols = section.body.columns[:max_cols]
     out = []
-    for r, flag, name in zip(rows, flagged, named, strict=True):
-        mark = " ".join(m for m, on in (("NAMED", name), ("LOOK", flag)) if on)
-        out.append((mark, *[r.get(c, "") for c in cols]))
+    for row in section.body.rows:
+        cells = [_cell(c) for c in row.cells[:len(cols)]]
+        out.append((" ".join(row.marks), *cells, *[""] * (len(cols) - len(cells))))
     return ["mark", *cols], out
 
 
-# -- metrics -------------------------------------------------------------------------------------
+def table_head(section: Section | None, empty: str) -> str:
+    """The line above a table: what it holds, and what its marks mean."""
+    if section is None or not isinstance(section.body, Table) or not section.body.rows:
+        return empty
+    head = section.note or section.summary or section.title
+    return head + (f" Marks: {section.body.legend}." if section.body.legend else "")
+
+
+# -- series (metrics) ----------------------------------------------------------------------------
 
 def _finite(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -280,28 +281,25 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def metric_charts(facts: dict[str, Any], width: int = 70) -> Text:
-    """A sparkline per curve (loss, grad norm, LR, loss scale) with events marked '^' under it."""
-    m = facts.get("metrics") if isinstance(facts.get("metrics"), dict) else {}
-    curves = m.get("curves") if isinstance(m.get("curves"), dict) else {}
-    events = [e for e in (m.get("events") or []) if isinstance(e, dict)]
+def series_text(section: Section | None, empty: str, width: int = 70) -> Text:
+    """A sparkline per series with the events' steps marked '^' under the primary one, then the
+    section's summary lines and the events."""
+    body = section.body if section is not None and isinstance(section.body, SeriesSet) else SeriesSet([])
+    events = body.events
     t = Text()
-    if not curves:
-        t.append("No loss or step-time series in the evidence (metrics CSV/JSONL, TensorBoard, trainer logs).\n")
-    for name in ("loss", "grad_norm", "lr", "loss_scale", *sorted(set(curves) - {"loss", "grad_norm", "lr", "loss_scale"})):
-        c = curves.get(name)
-        if not isinstance(c, dict) or not c.get("values"):
-            continue
-        steps, values = list(c.get("steps") or []), list(c["values"])
+    if not body.series:
+        t.append(empty + "\n")
+    for s in body.series:
+        steps, values = s.steps, s.values
         finite = [x for x in (_finite(v) for v in values) if x is not None]
         w = min(width, len(values))
-        t.append(f"{name}", style="bold")
+        t.append(f"{s.name}", style="bold")
         rng = f"min {_fmt(min(finite))}  max {_fmt(max(finite))}" if finite else "no finite values"
         last = _finite(values[-1])
         t.append(f"  steps {steps[0] if steps else '?'}-{steps[-1] if steps else '?'}  {rng}  last "
                  f"{_fmt(last) if last is not None else values[-1]}\n", style="dim")
         t.append(" " + sparkline(values, w) + "\n")
-        if steps and name == "loss" and events:
+        if steps and s.name == body.primary and events:
             marks = [" "] * w
             s0, s1 = steps[0], steps[-1]
             for e in events:
@@ -309,12 +307,8 @@ def metric_charts(facts: dict[str, Any], width: int = 70) -> Text:
                 if isinstance(step, int) and s0 <= step <= s1 and s1 > s0:
                     marks[min(w - 1, int((step - s0) / (s1 - s0) * (w - 1)))] = "^"
             t.append(" " + "".join(marks).rstrip() + "  ^ = event below\n", style="bold")
-    st = m.get("step_time") if isinstance(m.get("step_time"), dict) else {}
-    if st.get("median") is not None:
-        t.append(f"\nstep time: median {_fmt(st['median'])}s, p90 {_fmt(st.get('p90') or 0)}s, "
-                 f"max {_fmt(st.get('max') or 0)}s over {st.get('n', '?')} steps ({st.get('series', '')})\n")
-    if isinstance(m.get("data_time_share"), (int, float)):
-        t.append(f"data loading: {m['data_time_share']:.0%} of step time\n")
+    if body.lines:
+        t.append("\n" + "".join(line + "\n" for line in body.lines))
     if events:
         t.append("\nEvents:\n", style="bold")
         for e in events[:20]:
@@ -361,3 +355,42 @@ def trace_text(report: Report, causes: dict[str, str] | None = None) -> Text:
         for n in notes:
             t.append(f" - {n}\n")
     return t
+
+
+# -- sections without a tab of their own ---------------------------------------------------------
+
+
+def more_text(sections: list[Section], empty: str, width: int = 70) -> Text:
+    """Every section no other pane draws, one after another, by presentation type: a new evidence
+    kind shows up in the TUI without a pane of its own."""
+    if not sections:
+        return Text(empty, style="dim")
+    out = Text()
+    for sec in sections:
+        out.append(sec.title + "\n", style="bold")
+        if sec.summary or sec.note:
+            out.append((sec.summary or sec.note) + "\n", style="dim")
+        body = sec.body
+        if isinstance(body, KeyValues):
+            for key, value in body.items:
+                out.append(f"  {key}: {value}\n")
+        elif isinstance(body, Table):
+            cols, rows = table_rows(sec)
+            widths = [min(30, max(len(c), *(len(r[i]) for r in rows))) for i, c in enumerate(cols)] if rows else []
+            if rows:
+                out.append("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + "\n", style="bold")
+                for r in rows:
+                    out.append("  " + "  ".join(v[:w].ljust(w) for v, w in zip(r, widths, strict=True)) + "\n",
+                               style="yellow" if r[0] else "")
+            if body.legend:
+                out.append(f"  Marks: {body.legend}\n", style="dim")
+        elif isinstance(body, Groups):
+            for g in body.groups:
+                out.append(f"  {g.label} on ranks {format_ranks(g.ranks)}\n")
+                for line in g.lines[:8]:
+                    out.append(f"      {line}\n", style="dim")
+        elif isinstance(body, SeriesSet):
+            out.append_text(series_text(sec, "", width=width))
+            out.append("\n")
+        out.append("\n")
+    return out

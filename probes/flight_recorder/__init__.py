@@ -23,29 +23,66 @@ cycles (ranks waiting for each other across groups) and timeouts come from the s
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+from doctor.probes.common.debug_pages import is_page, rank_answers
+
 from doctor.evidence.contract import CollectContext, Hints, Parsed, Probe, ProbeSkipped, Sample
+from doctor.evidence.errors import EvidenceError
+from doctor.evidence.jobpaths import JobFileRefused, process_uid, read_job_file
 from doctor.evidence.unpickle import is_pickle
 
 from .analyze import analyze
 from .read import MAX_BYTES, Dump, load_dump
 
-__all__ = ["PROBE", "Dump", "FlightRecorderProbe", "analyze", "load_dump"]
+__all__ = ["PROBE", "Dump", "FlightRecorderProbe", "analyze", "dump_prefixes", "load_dump"]
 
 _FR_KEYS = (b"entries", b"pg_config", b"pg_status", b"nccl_version", b"comm_lib_version",
             b"collective_seq_id", b"profiling_name")
 # Names FR dumps get: NVRx/_dump_<rank>, the default TORCH_FR_DUMP_TEMP_FILE prefix
 # (nccl_trace_rank_<rank>), and common hand-picked ones (fr_rank3.pkl). Only used to claim a
 # binary file that is not a readable dump, so that it is reported instead of ignored.
+#: Worker endpoints of torch's debug server whose answers are flight-recorder dumps.
+_SERVER_ENDPOINTS = ("fr_trace_json", "dump_nccl_trace_json")
 _NAME_RE = re.compile(r"(?:^|[_-])(?:dump|nccl_trace_rank|fr_trace|fr_rank|fr_dump|fr)_?\d+(?:\.(?:pkl|pickle|bin|json))?$", re.I)
+
+
+def dump_prefixes(env: dict[str, str], home: str | None) -> list[str]:
+    """Where a rank's watchdog writes its dump, as a file-name prefix (the rank is appended).
+
+    The job's own setting wins alone (``TORCH_FR_DUMP_TEMP_FILE``, the older
+    ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``). Unset, newer torch writes to
+    ``$HOME/.cache/torch/comm_lib_trace_rank_`` (``/tmp/.cache/...`` without HOME) and older
+    torch to ``<tmp>/nccl_trace_rank_``; both are tried, newest convention first."""
+    own = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if own:
+        return [own]
+    out = [os.path.join(home or "/tmp", ".cache", "torch", "comm_lib_trace_rank_")]
+    for tmp in (tempfile.gettempdir(), "/tmp"):
+        legacy = os.path.join(tmp, "nccl_trace_rank_")
+        if legacy not in out:
+            out.append(legacy)
+    return out
+
+
+def _job_home(pid: int | None) -> str | None:
+    """The home folder of the job's user (HOME is not in the kept environment; torch uses it)."""
+    uid = process_uid(pid) if pid is not None else None
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return None
 
 
 class FlightRecorderProbe(Probe):
     name: ClassVar[str] = "flight_recorder"
+    rank_state_order: ClassVar[int] = 20  # after stacks: a pending collective, not the Python frame
     title: ClassVar[str] = "PyTorch flight recorder"
     collects: ClassVar[str] = (
         "PyTorch flight-recorder dumps (pickle or JSON, NCCL or gloo, one per rank): per process "
@@ -58,6 +95,12 @@ class FlightRecorderProbe(Probe):
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"flight_recorder": {}}
     shows_state: ClassVar[bool] = True
     max_bytes: ClassVar[int] = MAX_BYTES
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/evidence/*/fr/fr_rank*.pkl",
+        "tests/fixtures/fr/gloo/*/fr_trace_rank*.json",
+        "tests/fixtures/fr/nvrx/*/_dump_*",
+        "tests/fixtures/fr/partial/*/_dump_*",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "flight_recorder.dumps": "int: dumps read (one per rank)",
         "flight_recorder.ranks": "list<int>: ranks that left a dump",
@@ -119,6 +162,11 @@ class FlightRecorderProbe(Probe):
         "flight_recorder.mismatches[].culprits": "list<int>: the ranks outside the most common value (every rank when no value has a majority)",
         "flight_recorder.n_mismatches": "int: mismatches found before the caps",
         "flight_recorder.first_divergence": "map: the earliest mismatch (by entry creation time): pg, desc, seq, kind, culprits",
+        "flight_recorder.first_divergence.pg": "string: process-group name of the earliest mismatch",
+        "flight_recorder.first_divergence.desc": "string: that group's description",
+        "flight_recorder.first_divergence.seq": "int: collective seq id where the ranks first disagree",
+        "flight_recorder.first_divergence.kind": "string: what differs there: op | size | dtype",
+        "flight_recorder.first_divergence.culprits": "list<int>: ranks outside the most common value at that seq",
         "flight_recorder.timeouts": "list<map>: collectives that provably waited past their timeout: {pg, desc, seq, op, timeout_ms, waited_ms, waiting_ranks, late_ranks}",
         "flight_recorder.timeouts[].text": "string: one line for a report",
         "flight_recorder.timeouts[].pg": "string: process-group name",
@@ -133,6 +181,12 @@ class FlightRecorderProbe(Probe):
         "flight_recorder.timeout_ms": "list<int>: distinct collective timeouts seen",
         "flight_recorder.inconsistent_groups": "list<string>: groups left out of the culprit search because their dumps disagree in time",
         "flight_recorder.by_rank": "map<string,map>: per rank: entries, pending, state (waiting|idle|no_entries), waits_in, last_op, culprit",
+        "flight_recorder.by_rank[].entries": "int: entries in this rank's dump",
+        "flight_recorder.by_rank[].pending": "int: of them, issued and not completed",
+        "flight_recorder.by_rank[].state": "string: waiting (something pending) | idle | no_entries (recorder off or no collective yet)",
+        "flight_recorder.by_rank[].waits_in": "string: the collective it waits in as 'pg name (desc) seq N op', '' when none",
+        "flight_recorder.by_rank[].last_op": "string: op of its newest entry, '' when it has none",
+        "flight_recorder.by_rank[].culprit": "string: its culprit kind (not_issued, not_completed, ...) when it is a culprit, else ''",
     }
 
     def sniff(self, sample: Sample) -> bool:
@@ -149,11 +203,40 @@ class FlightRecorderProbe(Probe):
             return odd / min(len(raw), 4096) > 0.3
         return False
 
-    def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
+    #: torch's debug server serves every rank's dump on one page (``/fr_trace_json``); the page
+    #: belongs to the debug_server kind (who answered), the dumps in it are read here.
+    also_reads: ClassVar[frozenset[str] | None] = frozenset({"debug_server"})
+
+    def also_sniff(self, sample: Sample) -> bool:
+        return not sample.is_binary and any(is_page(sample.text, e) for e in _SERVER_ENDPOINTS)
+
+    def parse(self, path: Path, rel: str, hints: Hints) -> Parsed | list[Parsed]:
         with open(path, "rb") as fh:
             raw = fh.read(self.max_bytes + 1)
+        if raw[:1] in (b"\n", b"<", b" ") and any(is_page(raw[:65536].decode("utf-8", "replace"), e)
+                                                 for e in _SERVER_ENDPOINTS):
+            return self._parse_page(raw.decode("utf-8", errors="replace"), rel, hints)
         dump = load_dump(raw, rel, hints)
         return Parsed(self.name, rel, dump, dump.rank, hints.host, dump.notes)
+
+    def _parse_page(self, text: str, rel: str, hints: Hints) -> list[Parsed]:
+        """One dump per rank that answered (the page's section names the rank); a rank that did
+        not answer is the debug_server kind's evidence, not a dump."""
+        out: list[Parsed] = []
+        bad: list[str] = []
+        for a in rank_answers(text):
+            if a.status != 200 or not a.text.startswith("{"):
+                continue
+            try:
+                dump = load_dump(a.text.encode(), f"{rel}#rank{a.rank}", Hints(rank=a.rank, host=hints.host))
+            except EvidenceError as exc:  # one rank's bad answer leaves the others readable
+                bad.append(f"rank {a.rank}: {exc.what}")
+                continue
+            out.append(Parsed(self.name, rel, dump, dump.rank, hints.host, dump.notes + bad[:5]))
+        if not out:
+            raise EvidenceError(rel, "debug-server page without a readable flight-recorder dump"
+                                + (f" ({bad[0]})" if bad else ""))
+        return out
 
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
         dumps = [p.data for p in parsed if isinstance(p.data, Dump)]
@@ -163,39 +246,49 @@ class FlightRecorderProbe(Probe):
         """Copy the dumps the ranks' watchdogs already wrote (dump on timeout).
 
         Where: ``TORCH_FR_DUMP_TEMP_FILE`` (or the pre-2.9 ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``)
-        from the rank's environment plus its rank, else torch's default
-        ``<tmp>/nccl_trace_rank_<rank>``; read through ``/proc/PID/root`` so a rank in a
-        container is read in its own filesystem. Nothing is asked of the job: an on-demand dump
-        needs an in-job hook (see the playbooks); a probe never pokes the job.
+        from the rank's environment plus its rank, else torch's defaults (:func:`dump_prefixes`);
+        read through ``/proc/PID/root`` so a rank in a container is read in its own filesystem.
+        Nothing is asked of the job: an on-demand dump needs an in-job hook (see the playbooks,
+        or torch's debug server: the debug_server kind); a probe never pokes the job.
         """
         ranks = [p for p in ctx.ranks if p.rank is not None]
         if not ranks:
             raise ProbeSkipped("no rank processes with a known rank on this host")
         found, looked = 0, set()
         for p in ranks:
-            prefix = (p.env.get("TORCH_FR_DUMP_TEMP_FILE") or p.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-                      or os.path.join(tempfile.gettempdir(), "nccl_trace_rank_"))
-            looked.add(prefix)
-            name = f"{prefix}{p.rank}"
-            base = f"/proc/{p.pid}/cwd" if not os.path.isabs(name) else f"/proc/{p.pid}/root"
-            for cand in (Path(base + "/" + name.lstrip("/")), Path(name)):
-                try:
-                    size = cand.stat().st_size
-                    if not size or size > self.max_bytes:
-                        continue
-                    data = cand.read_bytes()
-                    mtime = cand.stat().st_mtime
-                except OSError:
-                    continue
-                ctx.add(f"_dump_{p.rank}", data, rank=p.rank, pid=p.pid, text=False,
-                        meta={"source": name, "mtime": mtime})
-                found += 1
-                break
+            for prefix in dump_prefixes(p.env, _job_home(p.pid)):
+                looked.add(prefix)
+                if self._copy(ctx, p, prefix):
+                    found += 1
+                    break
         if not found:
             raise ProbeSkipped(
                 f"no flight-recorder dump at {', '.join(sorted(looked))}<rank>: the watchdog writes one on "
-                "timeout when TORCH_FR_BUFFER_SIZE > 0 and TORCH_FR_DUMP_TEMP_FILE are set")
+                "timeout when TORCH_FR_BUFFER_SIZE > 0 (TORCH_FR_DUMP_TEMP_FILE sets where)")
         return {"dumps": found, "ranks": len(ranks)}
+
+    def _copy(self, ctx: CollectContext, p: Any, prefix: str) -> bool:
+        """Copy ``<prefix><rank>`` into the bundle when it is there and not too big."""
+        name = f"{prefix}{p.rank}"
+        try:  # the job chose this path: opened with its user's rights, never through a planted link
+            data, size, mtime = read_job_file(name, p.pid, self.max_bytes + 1)
+        except JobFileRefused as exc:
+            ctx.bundle.note(f"flight_recorder: rank {p.rank}: {exc}")
+            return False
+        except OSError:
+            return False
+        if not size or size > self.max_bytes:
+            return False
+        ctx.add(f"_dump_{p.rank}", data, rank=p.rank, pid=p.pid, text=False, meta={"source": name, "mtime": mtime})
+        return True
+
+    def rank_details(self, facts: dict[str, Any]) -> dict[str, dict[int, str]]:
+        """The newest collective each rank issued (the TUI's "last collective" column)."""
+        ns = facts.get(self.name)
+        by_rank = ns.get("by_rank") if isinstance(ns, dict) else None
+        col = {int(r): str(info["last_op"]) for r, info in (by_rank.items() if isinstance(by_rank, dict) else ())
+               if isinstance(info, dict) and info.get("last_op") and str(r).lstrip("-").isdigit()}
+        return {"last collective": col}
 
 
 PROBE = FlightRecorderProbe()

@@ -11,13 +11,15 @@ and ``pg_config`` name groups by their global name; see :func:`_map_status_keys`
 
 from __future__ import annotations
 
-import json
 import re
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from doctor.probes.common import jsonstream
 
 from doctor.evidence.contract import Hints
 from doctor.evidence.errors import EvidenceError
@@ -192,7 +194,7 @@ def _map_status_keys(status_keys: list[str], config_names: list[str], known: dic
 
 def load_dump(raw: bytes, rel: str, hints: Hints) -> Dump:
     """Decode one dump (pickle or JSON) into a :class:`Dump`; ``EvidenceError`` when unusable."""
-    fmt, obj = _decode(raw, rel)
+    fmt, obj, raw_entries = _decode(raw, rel)
     rank = _as_int(obj.get("rank"))
     if rank is None or rank < 0:
         rank = hints.rank
@@ -200,10 +202,20 @@ def load_dump(raw: bytes, rel: str, hints: Hints) -> Dump:
         raise EvidenceError(rel, "flight-recorder dump without a rank (no 'rank' key and none in the file name)")
     notes: list[str] = []
     pgs = _config_views(obj)
-    raw_entries = obj.get("entries") if isinstance(obj.get("entries"), list) else []
-    bad, known_ids, newest, backends = _add_entries(pgs, raw_entries)
+    kept: deque[tuple[Entry, Any, Any, int]] = deque(maxlen=MAX_ENTRIES)
+    bad = 0
+    for e in raw_entries:  # trimmed one by one; only the newest MAX_ENTRIES are kept
+        prepped = _prep(e)
+        if prepped is None:
+            bad += 1
+        else:
+            kept.append(prepped)
+    known_ids, newest, backends = _add_entries(pgs, kept)
     if bad:
         notes.append(f"{bad} malformed entries skipped")
+    dropped = getattr(raw_entries, "n_seen", len(raw_entries)) - bad - len(kept)
+    if dropped > 0:
+        notes.append(f"{dropped} oldest entries dropped: only the newest {MAX_ENTRIES} are read")
     unmapped = _apply_status(pgs, obj, known_ids)
     if unmapped:
         notes.append(f"{unmapped} pg_status groups could not be matched to a process group")
@@ -211,31 +223,50 @@ def load_dump(raw: bytes, rel: str, hints: Hints) -> Dump:
     return Dump(
         rank=rank, rel=rel, fmt=fmt, version=str(obj.get("version") or ""),
         lib_version=str(obj.get("nccl_version") or obj.get("comm_lib_version") or ""),
-        pgs=pgs, n_entries=len(raw_entries) - bad, newest_ns=newest,
+        pgs=pgs, n_entries=len(kept), newest_ns=newest,
         backends=[b for b, _ in backends.most_common()], notes=notes,
     )
 
 
-def _decode(raw: bytes, rel: str) -> tuple[str, dict[str, Any]]:
-    """The dump's top-level mapping and its format; a file that is not a dump is said so in one
-    line, since a rank's missing evidence must be reported, not silently dropped."""
+def _decode(raw: bytes, rel: str) -> tuple[str, dict[str, Any], Iterable[Any]]:
+    """The dump's format, top-level mapping and its entries; a file that is not a dump is said
+    so in one line, since a rank's missing evidence must be reported, not silently dropped.
+
+    JSON entries come one at a time (``jsonstream``): ``json.loads`` of an 80 MB dump of 10 M
+    tiny entries built them all at once (2.1 GB). Their list is read in full before the
+    entries are filed, so the entries are kept trimmed (``_prep``) in between.
+    """
     if is_pickle(raw):
-        fmt = "pickle"
         try:
             obj = safe_loads(raw, max_bytes=MAX_BYTES)
         except UnpickleError as exc:
             raise EvidenceError(rel, f"unreadable flight-recorder dump: {exc}") from None
-    elif raw.lstrip()[:1] == b"{":
-        fmt = "json"
-        try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise EvidenceError(rel, f"unreadable flight-recorder JSON: {str(exc)[:160]}") from None
-    else:
+        if not isinstance(obj, dict) or not ({"entries", "pg_status", "pg_config"} & set(obj)):
+            raise EvidenceError(rel, "not a flight-recorder dump (no entries, pg_config or pg_status)")
+        entries = obj.get("entries")
+        return "pickle", obj, entries if isinstance(entries, list) else []
+    if raw.lstrip()[:1] != b"{":
         raise EvidenceError(rel, "not a flight-recorder dump (neither a pickle nor JSON)")
-    if not isinstance(obj, dict) or not ({"entries", "pg_status", "pg_config"} & set(obj)):
+    obj = {}
+    entries: list[Any] | deque[Any] = []
+    try:
+        text = raw.decode("utf-8", errors="replace")
+        kept: deque[Any] = deque(maxlen=MAX_ENTRIES)
+        n_seen = 0
+        for key, val, elem in jsonstream.members(text, "entries"):
+            if elem:  # trimmed now: a decoded entry with its frames is ten times its Entry
+                n_seen += 1
+                kept.append(_prep(val) or _BAD)
+            else:
+                obj[key] = val
+        if n_seen:
+            obj["entries"] = True
+            entries = _Prepped(kept, n_seen)
+    except (ValueError, RecursionError) as exc:
+        raise EvidenceError(rel, f"unreadable flight-recorder JSON: {str(exc)[:160]}") from None
+    if not ({"entries", "pg_status", "pg_config"} & set(obj)):
         raise EvidenceError(rel, "not a flight-recorder dump (no entries, pg_config or pg_status)")
-    return fmt, obj
+    return "json", obj, entries
 
 
 def _config_views(obj: dict[str, Any]) -> dict[str, PgView]:
@@ -251,38 +282,58 @@ def _config_views(obj: dict[str, Any]) -> dict[str, PgView]:
     return pgs
 
 
-def _add_entries(pgs: dict[str, PgView], raw_entries: list[Any]
-                 ) -> tuple[int, dict[str, str], int, Counter[str]]:
-    """File the entries under their groups. Returns the malformed count, the ``pg_id -> name``
-    pairs the entries reveal (needed to read ``pg_status``), the newest timestamp (the only
-    stand-in for the dump's time) and the backends seen."""
-    bad = 0
+#: Entries read per dump: torch's ring buffer holds 2,000 by default (TORCH_NCCL_TRACE_BUFFER_SIZE);
+#: a dump claiming millions is refused past this many (the newest are kept), bounding memory.
+MAX_ENTRIES = 200_000
+_BAD: tuple[Any, ...] = ()
+
+
+class _Prepped(list):  # type: ignore[type-arg]
+    """JSON entries already trimmed by ``_prep`` while streaming (``_BAD`` for malformed ones),
+    with how many the dump held."""
+
+    def __init__(self, kept: deque[Any], n_seen: int) -> None:
+        super().__init__(kept)
+        self.n_seen = n_seen
+
+
+def _prep(e: Any) -> tuple[Entry, Any, Any, int] | None:
+    """One raw entry trimmed to its Entry, group description, pg id and newest timestamp."""
+    if isinstance(e, tuple):  # already trimmed while streaming
+        return e or None
+    ent = _entry(e) if isinstance(e, dict) else None
+    if ent is None:
+        return None
+    pgd = e["process_group"]
+    newest = 0
+    for k in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+        newest = max(newest, _as_int(e.get(k), 0) or 0)
+    return ent, (pgd[1] if len(pgd) > 1 else None), _as_int(e.get("pg_id")), newest
+
+
+def _add_entries(pgs: dict[str, PgView], entries: Iterable[tuple[Entry, Any, Any, int]]
+                 ) -> tuple[dict[str, str], int, Counter[str]]:
+    """File the trimmed entries under their groups. Returns the ``pg_id -> name`` pairs the
+    entries reveal (needed to read ``pg_status``), the newest timestamp (the only stand-in for
+    the dump's time) and the backends seen."""
     known_ids: dict[str, str] = {}
     newest = 0
     backends: Counter[str] = Counter()
-    for e in raw_entries:
-        ent = _entry(e) if isinstance(e, dict) else None
-        if ent is None:
-            bad += 1
-            continue
+    for ent, desc, pid, t in entries:
         view = pgs.get(ent.pg)
         if view is None:
             pgs[ent.pg] = view = PgView(ent.pg)
-        pgd = e["process_group"]
-        if len(pgd) > 1 and pgd[1] and not view.desc:
-            view.desc = str(pgd[1])
+        if desc and not view.desc:
+            view.desc = str(desc)
         view.entries.append(ent)
         if ent.is_p2p:
             view.has_p2p = True
             view.pending_p2p += not ent.done
-        pid = _as_int(e.get("pg_id"))
         if pid is not None:
             known_ids[str(pid)] = ent.pg
-        for k in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
-            t = _as_int(e.get(k), 0) or 0
-            newest = max(newest, t)
+        newest = max(newest, t)
         backends[ent.op.split(":", 1)[0] if ":" in ent.op else "?"] += 1
-    return bad, known_ids, newest, backends
+    return known_ids, newest, backends
 
 
 def _apply_status(pgs: dict[str, PgView], obj: dict[str, Any], known_ids: dict[str, str]) -> int:

@@ -22,7 +22,9 @@ from typing import Any, ClassVar
 
 from doctor.evidence.contract import Hints, Parsed, Probe, ProbeFailed, ProbeSkipped, Sample
 from doctor.evidence.errors import EvidenceError
+from doctor.evidence.sections import Section, SectionContext
 
+from . import report
 from .derive import HARDWARE_XIDS, derive, derive_peers, summarize_samples
 from .nvml import _STATIC as _STATIC  # tests and the bench empty the static cache between runs
 from .nvml import collect_document, init_nvml, load_nvml, nvml_reason, shutdown_nvml
@@ -52,6 +54,13 @@ class GpuProbe(Probe):
     live_first_round: ClassVar[bool] = True
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"gpu": {}, "gpu_samples": {"gpu_samples": 10}}
     max_bytes: ClassVar[int] = 32 * 1024 * 1024
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/gpu/h200/*/gpu.json",
+        "tests/fixtures/gpu/h200/*/nvidia-smi*.txt",
+        "tests/fixtures/gpu/public/*",
+        "tests/fixtures/slow/gpu_*/bundle/hosts/*/gpu/gpu-round*.json",
+        "tests/fixtures/stacks/gpu_cuda_hang/nvidia-smi.txt",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "gpu.source": "string: nvml | nvidia-smi (nvml when any NVML reading is present)",
         "gpu.sources": "list<string>: every format read: nvml-json, smi-q, smi-csv, smi-table",
@@ -78,6 +87,13 @@ class GpuProbe(Probe):
         "gpu.devices[].pcie": "map<string,int>: gen, gen_max, width, width_max, replay",
         "gpu.devices[].nvlink": "map<string,any>: links, active, errors (replay/recovery/crc_flit/crc_data sums), error_total",
         "gpu.devices[].processes": "list<map>: pid, used_mib, rank (when known)",
+        "gpu.devices[].processes[].pid": "int: process id holding a context on the GPU",
+        "gpu.devices[].processes[].used_mib": "int: GPU memory it holds",
+        "gpu.devices[].processes[].rank": "int: its job rank, when the process table names it",
+        "gpu.devices[].processes[].name": "string: process name (nvidia-smi table only)",
+        "gpu.devices[].processes[].type": "string: context type from the nvidia-smi table: C (compute), G (graphics), C+G",
+        "gpu.devices[].reasons_mask": "int: raw clock event reasons bitmask (nvidia-smi csv), decoded into reasons",
+        "gpu.devices[].timestamp": "string: nvidia-smi's timestamp of the reading, as printed",
         "gpu.devices[].ranks": "list<int>: job ranks with a context on this GPU",
         "gpu.devices[].mig": "map<string,bool>: current, pending MIG mode",
         "gpu.devices[].xids": "list<map>: Xid events seen on this GPU during the probe (xid, t)",
@@ -89,8 +105,8 @@ class GpuProbe(Probe):
         "gpu.devices[].app_clocks": "map<string,int>: application clocks graphics, mem in MHz",
         "gpu.devices[].busy": "bool: utilization (median over samples when sampled) >= 50 %",
         "gpu.devices[].idle": "bool: GpuIdle reason active or 0 % utilization",
-        "gpu.devices[].util_eff": "int: utilization used for the flags (sample median or snapshot)",
-        "gpu.devices[].sm_eff": "int: SM clock used for the flags (sample median or snapshot)",
+        "gpu.devices[].util_eff": "float: utilization in % used for the flags (sample median, which can fall between two readings, or the snapshot)",
+        "gpu.devices[].sm_eff": "float: SM clock in MHz used for the flags (sample median, which can fall between two readings, or the snapshot)",
         "gpu.devices[].sm_frac": "float: sm_eff / max SM clock",
         "gpu.devices[].hw_fault": "bool: lost, volatile uncorrectable ECC, RMA-level aggregate ECC, row remap failure/pending, retired pages pending, reset required, or a hardware Xid",
         "gpu.devices[].throttle_fault": "bool: a fault reason active (HW slowdown, HW/SW thermal, HW power brake) or hot while busy",
@@ -109,35 +125,70 @@ class GpuProbe(Probe):
         "gpu.devices[].why": "map<string,list<string>>: human reasons per flag group: fault, throttle, pcie, info",
         "gpu.devices[].sources": "list<string>: formats this device was read from",
         "gpu.by_host": "map<string,map>: per host: n_devices, busy, hw_fault, throttle_fault labels",
+        "gpu.by_host[].n_devices": "int: GPUs seen on the host",
+        "gpu.by_host[].busy": "list<string>: labels of its busy GPUs",
+        "gpu.by_host[].hw_fault": "list<string>: labels of its GPUs with a hardware fault",
+        "gpu.by_host[].throttle_fault": "list<string>: labels of its GPUs held down by a fault reason",
         "gpu.samples": "list<map>: per sampled GPU: label, n, sm_min, sm_median, sm_max, util_median, util_max, power_median_w, temp_max, reason_share, fault_share",
         "gpu.samples[].label": "string: host:gpuN",
+        "gpu.samples[].n": "int: samples taken",
+        "gpu.samples[].sm_min": "int: lowest SM clock in MHz",
+        "gpu.samples[].sm_median": "float: median SM clock in MHz",
+        "gpu.samples[].sm_max": "int: highest SM clock in MHz",
+        "gpu.samples[].util_median": "float: median utilization in %",
+        "gpu.samples[].util_max": "int: highest utilization in %",
+        "gpu.samples[].power_median_w": "float: median power draw in W",
+        "gpu.samples[].temp_max": "int: highest temperature in C",
+        "gpu.samples[].reason_share": "map<string,float>: clock event reason -> share of samples it was active in",
+        "gpu.samples[].fault_share": "float: share of samples with the most frequent fault reason active",
+        "gpu.samples[].lost": "bool: some sample found the GPU lost",
         "gpu.pid_to_gpu": "map<string,list<string>>: pid -> GPU labels it has a context on",
         "gpu.by_rank": "map<string,map>: rank -> gpus (labels), primary (label with most memory), busy, util, throttle_fault, hw_fault",
+        "gpu.by_rank[].gpus": "list<string>: labels of every GPU the rank holds a context on",
+        "gpu.by_rank[].pids": "list<int>: the rank's processes seen on GPUs",
+        "gpu.by_rank[].primary": "string: label of its main GPU (where it holds the most memory)",
+        "gpu.by_rank[].busy": "bool: its main GPU is busy",
+        "gpu.by_rank[].util": "float: its main GPU's utilization in % (util_eff)",
+        "gpu.by_rank[].throttle_fault": "bool: its main GPU is held down by a fault reason",
+        "gpu.by_rank[].hw_fault": "bool: its main GPU has a hardware fault",
         "gpu.faulty": "list<map>: GPUs with a hardware fault: label, host, index, uuid, why",
         "gpu.faulty[].label": "string: host:gpuN",
+        "gpu.faulty[].host": "string: host name ('' when unknown)",
+        "gpu.faulty[].index": "int: GPU index on its host",
+        "gpu.faulty[].uuid": "string: GPU UUID",
         "gpu.faulty[].severe": "bool: failing now (lost, uncorrectable ECC, remap failure, hardware Xid), not only a pending remap/retirement awaiting a reset",
         "gpu.faulty[].why": "list<string>: the fault readings",
         "gpu.faulty[].ranks": "list<int>: ranks with a context on it",
         "gpu.throttled": "list<map>: GPUs held down by a fault reason, heat, a lowered limit, locked clocks, or behind peers: label, host, index, why, ranks",
         "gpu.throttled[].label": "string: host:gpuN",
+        "gpu.throttled[].host": "string: host name ('' when unknown)",
+        "gpu.throttled[].index": "int: GPU index on its host",
+        "gpu.throttled[].uuid": "string: GPU UUID",
         "gpu.throttled[].why": "list<string>: what holds it down",
         "gpu.throttled[].ranks": "list<int>: ranks with a context on it",
-        "gpu.throttled[].sm": "int: SM clock (sample median when sampled)",
+        "gpu.throttled[].sm": "float: SM clock in MHz (sample median when sampled)",
         "gpu.throttled[].max_sm": "int: max SM clock",
         "gpu.throttled[].fault_reasons": "list<string>: active fault reasons",
         "gpu.power_capped": "list<map>: busy GPUs at their software power cap and otherwise healthy: label, why",
         "gpu.power_capped[].label": "string: host:gpuN",
+        "gpu.power_capped[].host": "string: host name ('' when unknown)",
+        "gpu.power_capped[].index": "int: GPU index on its host",
+        "gpu.power_capped[].uuid": "string: GPU UUID",
         "gpu.power_capped[].why": "list<string>: the readings that make it healthy",
         "gpu.power_capped[].power_w": "float: power draw",
         "gpu.power_capped[].limit_w": "float: enforced power limit",
         "gpu.power_capped[].ranks": "list<int>: ranks with a context on it",
         "gpu.pcie_degraded": "list<map>: busy GPUs below their PCIe gen/width: label, why, replay",
         "gpu.pcie_degraded[].label": "string: host:gpuN",
+        "gpu.pcie_degraded[].host": "string: host name ('' when unknown)",
+        "gpu.pcie_degraded[].index": "int: GPU index on its host",
+        "gpu.pcie_degraded[].uuid": "string: GPU UUID",
         "gpu.pcie_degraded[].why": "list<string>: link now vs capable",
         "gpu.pcie_degraded[].ranks": "list<int>: ranks with a context on it",
         "gpu.pcie_degraded[].replay": "int: PCIe replay counter",
         "gpu.shared": "list<map>: GPUs that two or more job ranks use as their main GPU: label, ranks, pids",
         "gpu.shared[].label": "string: host:gpuN",
+        "gpu.shared[].index": "int: GPU index on its host",
         "gpu.shared[].ranks": "list<int>: the ranks sharing it",
         "gpu.shared[].pids": "list<int>: their processes",
         "gpu.shared[].host": "string: host",
@@ -154,16 +205,17 @@ class GpuProbe(Probe):
         if sample.is_binary:
             return False
         text = sample.text
-        head = text.lstrip()[:400]
+        head = text[:4096].lstrip() or text.lstrip()  # its first character is the file's
         if head.startswith("{"):
             # json.dumps(sort_keys=True) puts "schema" late; the sample holds the first 64 KiB.
             return f'"{SCHEMA_ID}"' in text
         if "NVSMI LOG" in text[:2000]:
             return True
         first = next((ln for ln in text.splitlines()[:50] if ln.strip()), "")
-        if csv_header_known(first) >= 2 and "," in first:
+        # the substring tests first: this runs on every file of a folder (16k stack dumps)
+        if "," in first and csv_header_known(first) >= 2:
             return True
-        if SMI_TABLE_MARK.search(text[:8000]) and "MiB" in text:
+        if "MiB" in text and SMI_TABLE_MARK.search(text[:8000]):
             return True
         return looks_like_q_sections(text)
 
@@ -403,6 +455,10 @@ class GpuProbe(Probe):
         name = "gpu.json" if not getattr(ctx, "round", 0) else f"gpu-round{ctx.round}.json"
         ctx.add(name, json.dumps(doc, indent=1), meta={
             "devices": len(doc["devices"]), "calls": doc["cost"]["calls"], "snapshot_s": doc["cost"]["snapshot_s"]})
+
+    # -- the report -----------------------------------------------------------------------------
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        return report.sections(facts, context)
 
 
 def _same_id(a: dict[str, Any], b: dict[str, Any]) -> bool:

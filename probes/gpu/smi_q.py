@@ -33,6 +33,9 @@ _Q_PADDED = re.compile(r"^\s*[A-Za-z][\w .()/+-]*?\S\s{2,}: ", re.M)
 _Q_KEYS = re.compile(r"^\s*(Product Name|GPU UUID|Clocks (?:Throttle|Event) Reasons|Remapped Rows|FB Memory Usage|"
                      r"Retired Pages|ECC Errors|GPU Power Readings|Power Readings|Max Clocks|Attached GPUs|"
                      r"Performance State)\b", re.M)
+#: A word every ``_Q_KEYS`` header holds: a body with none of them cannot match it.
+_Q_NEEDLES = ("Product Name", "GPU UUID", "Clocks", "Remapped Rows", "FB Memory Usage", "Retired Pages",
+              "ECC Errors", "Power Readings", "Attached GPUs", "Performance State")
 
 
 def looks_like_q_sections(text: str) -> bool:
@@ -40,7 +43,9 @@ def looks_like_q_sections(text: str) -> bool:
     ("Pending                           : Yes"), so one known section header plus mostly padded
     lines is enough, while ordinary ``key: value`` files are not claimed."""
     body = text[:20000]
-    if not _Q_KEYS.search(body):  # cheap and decisive: most files have no -q section header
+    if not any(k in body for k in _Q_NEEDLES):  # plain substring tests, far cheaper than the regex
+        return False
+    if not _Q_KEYS.search(body):  # decisive: most files have no -q section header
         return False
     lines = [ln for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("```")]
     padded = len(_Q_PADDED.findall(body))

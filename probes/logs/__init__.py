@@ -22,9 +22,30 @@ from doctor.evidence.errors import EvidenceError
 from . import live, scan, sniff
 from .facts import build_facts
 
+#: The fields of one signature hit. The same record appears in ``logs.events``, in the lists of
+#: ``logs.by_kind`` and as ``logs.first_failure`` / ``logs.first_error``, so it is declared once
+#: and spread over those four places below.
+_EVENT_FIELDS: dict[str, str] = {
+    "sig": "string: signature id (probes/logs/patterns/*.yaml)",
+    "kind": "string: what the hit means, e.g. watchdog_timeout, gpu_oom, rank_exit",
+    "role": "string: first_failure | cascade | context",
+    "severity": "string: critical | high | medium | low | info",
+    "priority": "int: lower is closer to a root cause",
+    "rank": "int: the rank the line speaks for (prefix, message or file name), null when unknown",
+    "host": "string: host from NCCL/syslog prefixes or the file's name",
+    "file": "string: the log file",
+    "line": "int: line number in the file",
+    "time": "string: the line's timestamp as written, empty when none",
+    "ts": "float: that timestamp as epoch seconds (UTC), null when none",
+    "text": "string: the line, scrubbed and cut to 300 characters",
+    "fields": "map<string,any>: named groups of the signature (seq, op, timeout_ms, code, pci, ...)",
+    "pid": "int: process the line is about (NCCL prefix or the message), null when unknown",
+}
+
 
 class LogsProbe(Probe):
     name: ClassVar[str] = "logs"
+    rank_state_order: ClassVar[int] = 30  # after stacks and the flight recorder
     title: ClassVar[str] = "Job logs"
     collects: ClassVar[str] = (
         "The tail of the job's log files (launcher and rank stdout/stderr when they are files, "
@@ -32,35 +53,35 @@ class LogsProbe(Probe):
         "SLURM, NCCL_DEBUG, dmesg/journal. Only signature hits and summaries reach the facts."
     )
     priority: ClassVar[int] = 30  # generic text: specific kinds (stacks, metrics, gpu) claim first
+    joins_pieces: ClassVar[bool] = True  # one log or table pasted over two fences is one file
     build_order: ClassVar[int] = 40
     live_first_round: ClassVar[bool] = True
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"logs": {}, "nccl_log": {}}
     shows_state: ClassVar[bool] = True
     max_bytes: ClassVar[int] = 1 << 40  # streamed: size costs time, never memory
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/logs/*/*.log",
+        "tests/fixtures/logs/host_oom/dmesg.txt",
+        "tests/fixtures/evidence/rank_exit/torchrun.log",
+        "tests/fixtures/evidence/extra_collective/torchrun.log",
+        "tests/fixtures/evidence/healthy/torchrun.log",
+        "tests/fixtures/slow/*/bundle/hosts/*/logs/*.log",
+        "tests/fixtures/metrics/*/*.log",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "logs.files": "int: log files read",
         "logs.lines": "int: lines read across the log files",
         "logs.events": "list<map>: signature hits, at most 20 per signature and file and 400 in all, in file order",
-        "logs.events[].sig": "string: signature id (probes/logs/patterns/*.yaml)",
-        "logs.events[].kind": "string: what the hit means, e.g. watchdog_timeout, gpu_oom, rank_exit",
-        "logs.events[].role": "string: first_failure | cascade | context",
-        "logs.events[].severity": "string: critical | high | medium | low | info",
-        "logs.events[].priority": "int: lower is closer to a root cause",
-        "logs.events[].rank": "int: the rank the line speaks for (prefix, message or file name), null when unknown",
-        "logs.events[].host": "string: host from NCCL/syslog prefixes or the file's name",
-        "logs.events[].file": "string: the log file",
-        "logs.events[].line": "int: line number in the file",
-        "logs.events[].time": "string: the line's timestamp as written, empty when none",
-        "logs.events[].ts": "float: that timestamp as epoch seconds (UTC), null when none",
-        "logs.events[].text": "string: the line, scrubbed and cut to 300 characters",
-        "logs.events[].fields": "map<string,any>: named groups of the signature (seq, op, timeout_ms, code, pci, ...)",
-        "logs.events[].pid": "int: process the line is about (NCCL prefix or the message), null when unknown",
+        **{f"logs.events[].{k}": v for k, v in _EVENT_FIELDS.items()},
         "logs.counts": "map<string,int>: hits per kind (every hit, not only the kept events)",
         "logs.sig_counts": "map<string,int>: hits per signature id",
         "logs.kinds": "list<string>: kinds seen",
         "logs.by_kind": "map<string,list<map>>: the first events of each kind (same fields as logs.events)",
         "logs.first_failure": "map: the earliest first-failure event (by timestamp where lines have one, else file order and kind priority); fields as logs.events",
         "logs.first_error": "map: the earliest event of any role with severity high or critical",
+        **{f"logs.by_kind[][].{k}": v for k, v in _EVENT_FIELDS.items()},
+        **{f"logs.first_failure.{k}": v for k, v in _EVENT_FIELDS.items()},
+        **{f"logs.first_error.{k}": v for k, v in _EVENT_FIELDS.items()},
         "logs.tracebacks": "list<map>: Python tracebacks: rank, exc_type, message, last_frame, role, kinds, file, line",
         "logs.tracebacks[].rank": "int: rank of the [rankN]: stream or file, null when unknown",
         "logs.tracebacks[].exc_type": "string: exception type as printed",
@@ -116,6 +137,7 @@ class LogsProbe(Probe):
         "logs.init_timeouts": "list<map>: init/rendezvous timeouts: rank, world_size, joined, text",
         "logs.init_missing_ranks": "list<int>: ranks that never reported reaching init while the others timed out waiting (world size known, every waiter reported)",
         "logs.long_work": "list<map>: long legitimate work announced in the log (evaluation, checkpoint, preprocessing): rank, what, text",
+        "logs.nccl": "map: what NCCL_DEBUG output says about versions, transports and interfaces (fields below)",
         "logs.nccl.versions": "map<string,list<string>>: NCCL versions per host ('' when the host is unknown)",
         "logs.nccl.distinct_versions": "list<string>: every NCCL version seen",
         "logs.nccl.version_hosts": "int: hosts whose NCCL version is known",
@@ -154,14 +176,22 @@ class LogsProbe(Probe):
         "logs.xids[].rank": "int: rank of the process named, when the launcher maps its pid",
         "logs.xids[].text": "string: the kernel log line",
         "logs.xid_codes": "list<int>: distinct Xid codes seen",
+        "logs.compile": "map: torch.compile recompilation messages (fields below)",
         "logs.compile.recompiles": "int: 'Recompiling function' lines",
         "logs.compile.limit_hits": "int: recompile/cache-size limit warnings",
         "logs.compile.functions": "map<string,int>: recompiles per function name",
         "logs.compile.reasons": "list<string>: last guard-failure reasons printed",
+        "logs.amp": "map: fp16 loss-scaler messages (fields below)",
         "logs.amp.skips": "int: fp16 overflow skip messages",
         "logs.amp.min_scale": "float: smallest loss scale reported after a skip (null when none)",
         "logs.amp.at_minimum": "bool: a loss scaler reported it is at its minimum scale",
         "logs.by_rank": "map<string,map>: per rank: state (dead|failed|waiting|exited_cascade|seen), exitcode, signal, first_error, exception, kinds",
+        "logs.by_rank[].state": "string: dead (exited on its own) | failed (an error of its own) | waiting (only waited for peers) | exited_cascade | seen",
+        "logs.by_rank[].exitcode": "int: its exit code per the launcher, null when no exit was reported",
+        "logs.by_rank[].signal": "string: the signal that ended it (SIGKILL, ...) or ''",
+        "logs.by_rank[].exception": "string: 'ExcType: message' of its traceback (first failure preferred), or ''",
+        "logs.by_rank[].first_error": "string: text of its first high or critical event, or ''",
+        "logs.by_rank[].kinds": "list<string>: kinds of its own failures and of its waits",
         "logs.world_size": "int: largest world size a log names (NCCL nranks, store barrier, failure summary)",
     }
 
@@ -203,6 +233,13 @@ class LogsProbe(Probe):
         job["hosts"] = sorted(set(job.get("hosts") or []) | {h for p in parsed for h in p.data["hosts"]
                                                              if h and h != "localhost"})
         set_world_size(facts, facts[self.name]["world_size"])
+
+    def coverage(self) -> list[dict[str, Any]]:
+        """Per message family, the harvested upstream templates the signatures recognize
+        (``templates/*.yaml``, measured through the scanner: see :mod:`.coverage`)."""
+        from .coverage import coverage_rows  # only `rules coverage` needs it
+
+        return coverage_rows()
 
     # -- live ------------------------------------------------------------------------------
     def collect(self, ctx: Any) -> None:

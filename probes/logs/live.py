@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from doctor.evidence.contract import ProbeSkipped
+from doctor.evidence.jobpaths import JobFileRefused, open_job_file
 
 DEFAULT_TAIL_BYTES = 16 * 2**20   # live: bytes read from the end of each log file
 MAX_LIVE_FILES = 64
@@ -23,27 +24,35 @@ MAX_LIVE_FILES = 64
 def collect(ctx: Any) -> None:
     """Copy each log's tail into the bundle (see the module docstring)."""
     tail = int(ctx.options.get("log_tail_bytes") or DEFAULT_TAIL_BYTES)
-    sources = _live_sources(ctx)
-    if not sources:
-        raise ProbeSkipped("no log files to read: the job's stdout/stderr are pipes or terminals "
-                           "and no --logs were given")
-    for i, (path, rank, pid, why) in enumerate(sources[:MAX_LIVE_FILES]):
-        try:
-            data, size = read_tail(path, tail)
-        except OSError:
-            continue
-        name = f"{i:02d}-{_safe_name(why)}.log"
-        ctx.add(name, data, rank=rank, pid=pid,
-                meta={"source": why, "size": size, "tail_bytes": len(data)})
+    fds: list[int] = []  # files the job named, opened under doctor.evidence.jobpaths' policy
+    try:
+        sources = _live_sources(ctx, fds)
+        if not sources:
+            raise ProbeSkipped("no log files to read: the job's stdout/stderr are pipes or terminals "
+                               "and no --logs were given")
+        for i, (path, rank, pid, why) in enumerate(sources[:MAX_LIVE_FILES]):
+            try:
+                data, size = read_tail(path, tail)
+            except OSError:
+                continue
+            name = f"{i:02d}-{_safe_name(why)}.log"
+            ctx.add(name, data, rank=rank, pid=pid,
+                    meta={"source": why, "size": size, "tail_bytes": len(data)})
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80] or "log"
 
 
-def _live_sources(ctx: Any) -> list[tuple[Path, int | None, int | None, str]]:
+def _live_sources(ctx: Any, fds: list[int]) -> list[tuple[Path, int | None, int | None, str]]:
     """Files to read: --logs paths, then regular files behind each process's fd 1/2 (read
-    through /proc so a deleted-but-open log still counts), then NCCL_DEBUG_FILE targets."""
+    through /proc so a deleted-but-open log still counts), then NCCL_DEBUG_FILE targets. The
+    job chose those paths, so they are opened with the job's rights (``open_job_file``: no
+    planted symlink, no FIFO, only its user's files), the fd kept in ``fds``; a refusal is a
+    note in the bundle."""
     found: list[tuple[Path, int | None, int | None, str]] = []
     seen: dict[tuple[int, int], int] = {}
 
@@ -79,8 +88,15 @@ def _live_sources(ctx: Any) -> list[tuple[Path, int | None, int | None, str]]:
             add(Path(f"/proc/{proc.pid}/fd/{fd}"), rank, proc.pid, f"{proc.role}{'' if rank is None else rank}-{proc.pid}-{label}")
         target = (proc.env or {}).get("NCCL_DEBUG_FILE", "")
         if target:
-            add(Path(target.replace("%h", host).replace("%p", str(proc.pid))), rank, proc.pid,
-                f"nccl-{proc.pid}")
+            try:
+                fd = open_job_file(target.replace("%h", host).replace("%p", str(proc.pid)), proc.pid)
+            except JobFileRefused as exc:
+                ctx.bundle.note(f"logs: NCCL_DEBUG_FILE of pid {proc.pid}: {exc}")
+                continue
+            except OSError:
+                continue
+            fds.append(fd)
+            add(Path(f"/proc/self/fd/{fd}"), rank, proc.pid, f"nccl-{proc.pid}")
     return found
 
 

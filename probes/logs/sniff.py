@@ -24,6 +24,7 @@ SNIFF_TAIL = 64 * 1024            # bytes of a file's end also looked at when sn
 
 _KEYVAL = re.compile(r"^(?:export\s+|declare\s+-x\s+)?[A-Za-z_][A-Za-z0-9_]*=")
 _PYSPY = re.compile(r"^Process \d+: ")
+_PYSPY_B = re.compile(rb"Process [0-9]+: ")
 _STRONG = re.compile(
     r"^\[(?:rank|default)\d+\]:|^\[\d+,\d+\]<std(?:out|err)>:|Traceback \(most recent call last\):"
     r"|^[\w.-]+:\d+:\d+ \[\d+\] (?:[\w./-]+:\d+ )?NCCL (?:INFO|WARN)"
@@ -134,6 +135,8 @@ def text_lines(sample: Sample, allow_table: bool = False) -> list[str] | None:
     raw = sample.raw
     if not raw or raw[:1] == b"\x80":  # pickles (flight recorder) are not logs
         return None
+    if raw.startswith(b"Process ") and _PYSPY_B.match(raw):
+        return None  # a py-spy dump (as below), told before decoding: 16k ranks' dumps pass here
     if sample.name.lower().endswith(_NOT_LOG_NAMES):
         return None
     text_bytes = _text_bytes(raw)

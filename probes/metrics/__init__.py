@@ -46,6 +46,7 @@ from doctor.probes.metrics.readers.tfevents import (
 from doctor.probes.metrics.rows import Rows
 
 from doctor.evidence.contract import Hints, Parsed, Probe, Sample
+from doctor.evidence.sections import Section, SectionContext
 
 __all__ = [
     "PROBE", "MetricsProbe", "Rows", "analyze", "canonical", "load_series", "load_table",
@@ -63,10 +64,17 @@ class MetricsProbe(Probe):
         "Lightning); only numbers and metric names are kept."
     )
     priority: ClassVar[int] = 70  # specific shapes; ahead of generic text-log readers
+    also_reads: ClassVar[frozenset[str] | None] = frozenset({"logs"})  # trainer text logs only
+    joins_pieces: ClassVar[bool] = True  # one log or table pasted over two fences is one file
     build_order: ClassVar[int] = 60
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"metrics": {}}
     shows_state: ClassVar[bool] = True
     max_bytes: ClassVar[int] = 2 * 2**30  # a 10M-row CSV is ~400 MiB; line formats cap lower
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/metrics/*/metrics.*",
+        "tests/fixtures/metrics/*/events.out.tfevents.*",
+        "tests/fixtures/slow/steps/*/metrics.jsonl",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "metrics.n_series": "int: metric series read (one per file, run and rank)",
         "metrics.series": "list<map>: up to 32 series, worst first: name, file, format, rank, run, rows, "
@@ -75,12 +83,22 @@ class MetricsProbe(Probe):
         "metrics.series[].state": "string: ok | nan | diverged | spiky | overflow",
         "metrics.series[].rank": "int|null: rank of the series when known",
         "metrics.series[].step_from": "string: column | line_order | epoch | row: where step numbers come from",
+        "metrics.series[].file": "string: the file it was read from",
+        "metrics.series[].format": "string: the reader that understood it (csv, jsonl, tensorboard, a trainer log format, ...)",
+        "metrics.series[].run": "string: run name when the file holds several runs, else null",
+        "metrics.series[].rows": "int: rows (logged steps) read",
+        "metrics.series[].first_step": "int: first step logged",
+        "metrics.series[].last_step": "int: last step logged",
+        "metrics.series[].metrics": "list<string>: canonical metric names it carries (loss, grad_norm, lr, loss_scale, ...)",
         "metrics.events": "list<map>: up to 50 detected events, most severe first: kind (nan | spike | "
                           "divergence | grad_explosion | loss_scale_collapse | skipped_steps | lr_jump | resume | "
                           "data_restart | plateau), step, value, zscore (float|null), series, detail",
         "metrics.events[].kind": "string: event kind (see metrics.events)",
         "metrics.events[].step": "int: step where it starts",
         "metrics.events[].detail": "string: one readable line",
+        "metrics.events[].value": "float|string: the metric's value there; 'nan', 'inf' or '-inf' for a non-finite loss",
+        "metrics.events[].zscore": "float: robust z-score of a spike, null for other kinds",
+        "metrics.events[].series": "string: series it was found in",
         "metrics.first_nan_step": "int: first step whose loss is NaN or Inf (earliest over series), -1 when none",
         "metrics.nan": "map: the first non-finite loss: step, value (nan|inf|-inf), series, count, recovered "
                        "(finite again later), last_finite_step, last_finite_value, context, detail",
@@ -89,6 +107,11 @@ class MetricsProbe(Probe):
         "metrics.nan.summary": "string: the detail and what changed shortly before, one sentence",
         "metrics.nan.context": "list<string>: what changed in the steps before (LR jumps, resumes, grad-norm explosion, loss-scale collapse)",
         "metrics.nan.recovered": "bool: the loss was finite again later (skipped batch)",
+        "metrics.nan.value": "string: nan | inf | -inf",
+        "metrics.nan.series": "string: series it was found in",
+        "metrics.nan.count": "int: non-finite loss values in that series",
+        "metrics.nan.last_finite_step": "int: last step with a finite loss before it, null when none",
+        "metrics.nan.last_finite_value": "float: the loss at that step",
         "metrics.spikes": "list<map>: up to 20 loss spikes, largest first: step, peak_step, value, baseline, "
                           "zscore, ratio, points, recovered, recovery_steps (-1 if not), ongoing, series, context, detail",
         "metrics.spikes[].step": "int: first step above the threshold",
@@ -99,6 +122,12 @@ class MetricsProbe(Probe):
         "metrics.spikes[].summary": "string: the detail and what changed shortly before",
         "metrics.spikes[].peak_step": "int: step of the highest point",
         "metrics.spikes[].context": "list<string>: what changed shortly before",
+        "metrics.spikes[].value": "float: loss at the peak",
+        "metrics.spikes[].baseline": "float: median loss of the window before the spike",
+        "metrics.spikes[].ratio": "float: peak divided by the baseline",
+        "metrics.spikes[].points": "int: points above the threshold",
+        "metrics.spikes[].recovery_steps": "int: steps from the start to recovery, -1 when it did not recover",
+        "metrics.spikes[].series": "string: series it was found in",
         "metrics.n_spikes": "int: spike events found over all series (before capping)",
         "metrics.n_spikes_recovered": "int: spikes (in metrics.spikes) that recovered",
         "metrics.divergence": "map: sustained rise of the loss: detected, step, from_value, to_value, ratio, "
@@ -109,8 +138,25 @@ class MetricsProbe(Probe):
         "metrics.divergence.detail": "string: one readable line",
         "metrics.divergence.summary": "string: the detail and what changed shortly before",
         "metrics.divergence.context": "list<string>: what changed shortly before",
+        "metrics.divergence.from_value": "float: the best window median before the rise",
+        "metrics.divergence.to_value": "float: median of the last window",
+        "metrics.divergence.ratio": "float: to_value / from_value, null when the best level is not positive",
+        "metrics.divergence.after_spike": "bool: a spike started near the rise",
+        "metrics.divergence.points": "int: points from the start of the rise to the end of the run",
+        "metrics.divergence.best": "float: best (lowest) window median of the loss",
+        "metrics.divergence.best_step": "int: where that best window starts",
+        "metrics.divergence.tail": "float: median of the last window",
+        "metrics.divergence.series": "string: series it was found in",
         "metrics.loss": "map: main loss series summary: series, rows, first, last, min, min_step, median, max, window",
         "metrics.loss.series": "string: which series the summary is for",
+        "metrics.loss.rows": "int: finite loss points",
+        "metrics.loss.first": "float: first loss value",
+        "metrics.loss.last": "float: last loss value",
+        "metrics.loss.min": "float: lowest loss",
+        "metrics.loss.min_step": "int: step of the lowest loss",
+        "metrics.loss.median": "float: median loss",
+        "metrics.loss.max": "float: highest loss",
+        "metrics.loss.window": "int: points per window used by the detectors",
         "metrics.loss_scale": "map: dynamic loss scale (fp16): series, rows, initial, final, min, min_step, max, "
                               "peak (post-calibration reference), drop_pow2 (halvings from peak to min), decreases, "
                               "increases, calibration_decreases, skipped_steps, skipped_share, skipped_after_calibration, "
@@ -127,6 +173,22 @@ class MetricsProbe(Probe):
         "metrics.loss_scale.detail": "string: one readable line",
         "metrics.loss_scale.summary": "string: the detail and what changed shortly before",
         "metrics.loss_scale.context": "list<string>: what changed shortly before the collapse",
+        "metrics.loss_scale.series": "string: series it was read from",
+        "metrics.loss_scale.rows": "int: finite loss-scale points (0 when only skip flags were logged)",
+        "metrics.loss_scale.initial": "float: first scale",
+        "metrics.loss_scale.final": "float: last scale",
+        "metrics.loss_scale.min": "float: lowest scale",
+        "metrics.loss_scale.min_step": "int: step of the lowest scale",
+        "metrics.loss_scale.max": "float: highest scale",
+        "metrics.loss_scale.peak": "float: highest scale after the initial calibration (the reference for a collapse)",
+        "metrics.loss_scale.drop_pow2": "float: halvings from that peak down to the lowest scale",
+        "metrics.loss_scale.decreases": "int: points where the scale went down",
+        "metrics.loss_scale.increases": "int: points where the scale went up",
+        "metrics.loss_scale.calibration_decreases": "int: decreases in the initial calibration run",
+        "metrics.loss_scale.skipped_share": "float: skipped steps / steps",
+        "metrics.loss_scale.skipped_share_after_calibration": "float: skipped steps after calibration / steps",
+        "metrics.loss_scale.skipped_source": "string: logged (the trainer logs skips) | scale_decreases (one per decrease)",
+        "metrics.loss_scale.first_skip_step": "int: first skipped step, -1 when none",
         "metrics.grad_norm": "map: grad-norm summary: series, rows, median, p90, max, max_step, nonfinite, "
                              "first_nonfinite_step, explosion, explosion_step, explosion_ratio, leads_loss_by, context, detail",
         "metrics.grad_norm.explosion": "bool: >= 10x its trailing median for >= 2 points (or followed by NaN/divergence), or 100x growth",
@@ -138,17 +200,58 @@ class MetricsProbe(Probe):
         "metrics.grad_norm.detail": "string: one readable line",
         "metrics.grad_norm.summary": "string: the detail and what changed shortly before",
         "metrics.grad_norm.context": "list<string>: what changed shortly before the explosion",
+        "metrics.grad_norm.series": "string: series it was read from",
+        "metrics.grad_norm.rows": "int: grad-norm points",
+        "metrics.grad_norm.median": "float: median grad norm",
+        "metrics.grad_norm.p90": "float: 90th percentile grad norm",
+        "metrics.grad_norm.max": "float: highest grad norm",
+        "metrics.grad_norm.max_step": "int: step of the highest grad norm",
+        "metrics.grad_norm.first_nonfinite_step": "int: first step with a NaN/Inf grad norm, -1 when none",
+        "metrics.grad_norm.explosion_ratio": "float: grad norm over its trailing median at the first explosion",
         "metrics.lr_jumps": "list<map>: abrupt learning-rate changes: step, from, to, ratio, series",
+        "metrics.lr_jumps[].step": "int: step of the change",
+        "metrics.lr_jumps[].from": "float: learning rate before",
+        "metrics.lr_jumps[].to": "float: learning rate after",
+        "metrics.lr_jumps[].ratio": "float: to / from",
+        "metrics.lr_jumps[].series": "string: series it was found in",
         "metrics.restarts": "list<map>: kind (resume: step went back | data_restart: epoch/samples went back), step, from_step, series",
+        "metrics.restarts[].kind": "string: resume (the step went back) | data_restart (epoch or sample count went back)",
+        "metrics.restarts[].step": "int: step logged after the jump back",
+        "metrics.restarts[].from_step": "int: step logged before it (-1 when a resume marker does not say)",
+        "metrics.restarts[].series": "string: series it was found in",
         "metrics.plateau": "map: detected, since_step, improvement (share over the last quarter), level, series (information only)",
+        "metrics.plateau.detected": "bool: the loss barely improved over the last quarter of the run",
+        "metrics.plateau.since_step": "int: start of that last quarter",
+        "metrics.plateau.improvement": "float: relative improvement over the last quarter",
+        "metrics.plateau.level": "float: best window median in the last quarter",
+        "metrics.plateau.series": "string: series it was found in",
         "metrics.step_time": "map: step time in seconds of the series with the most rows: median, p90, mean, max, n, unit, series",
         "metrics.step_time.median": "float: median seconds per step",
         "metrics.step_time.p90": "float: 90th percentile seconds per step",
+        "metrics.step_time.mean": "float: mean seconds per step",
+        "metrics.step_time.max": "float: longest step in seconds",
+        "metrics.step_time.n": "int: step times read",
+        "metrics.step_time.unit": "string: always s (converted from the logged unit)",
+        "metrics.step_time.series": "string: series it was read from",
         "metrics.data_time": "map: data-loading time in seconds: median, p90, mean, max, n, unit, series",
+        "metrics.data_time.median": "float: median data-loading seconds per step",
+        "metrics.data_time.p90": "float: 90th percentile",
+        "metrics.data_time.mean": "float: mean",
+        "metrics.data_time.max": "float: longest",
+        "metrics.data_time.n": "int: data times read",
+        "metrics.data_time.unit": "string: always s",
+        "metrics.data_time.series": "string: series it was read from",
         "metrics.data_time_share": "float: sum(data_time) / sum(step_time) (assumes step time includes data loading), 0-1",
         "metrics.curves": "map<string,map>: downsampled curves for charts per metric (loss, grad_norm, lr, loss_scale): series, steps, values",
+        "metrics.curves[].series": "string: series the curve comes from",
+        "metrics.curves[].steps": "list<int>: steps of the kept points (min and max of each bucket)",
+        "metrics.curves[].values": "list<float|string>: their values; 'nan', 'inf', '-inf' mark non-finite points",
         "metrics.params": "map<string,float>: detector thresholds in effect (MLDOCTOR_METRICS_<NAME> overrides)",
         "metrics.by_rank": "map<string,map>: per rank: first_nan_step, n_spikes, diverged, loss_last",
+        "metrics.by_rank[].first_nan_step": "int: first non-finite loss step of the rank's series, -1 when none",
+        "metrics.by_rank[].n_spikes": "int: loss spikes in it",
+        "metrics.by_rank[].diverged": "bool: its loss diverged",
+        "metrics.by_rank[].loss_last": "float: its last loss value",
     }
 
     def sniff(self, sample: Sample) -> bool:
@@ -169,6 +272,11 @@ class MetricsProbe(Probe):
         options = ((facts.get("meta") or {}).get("options") or {}).get("metrics")
         params = Params.from_env(options if isinstance(options, dict) else None)
         facts[self.name] = summarize(merge_tensorboard([p.data for p in parsed]), params)
+
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        from doctor.probes.metrics.report import sections
+
+        return sections(facts, context)
 
 
 PROBE = MetricsProbe()

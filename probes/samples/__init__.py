@@ -83,6 +83,11 @@ class SamplesProbe(Probe):
     shows_state: ClassVar[bool] = True
     state_order: ClassVar[int] = 20
     max_bytes: ClassVar[int] = 256 * 2**20
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/slow/*/bundle/hosts/*/samples/samples-*",
+        "tests/fixtures/slow/formats/*",
+        "tests/fixtures/slow/steps/*/steps-rank*.jsonl",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "samples.ranks": "list<int>: ranks with a sampling profile",
         "samples.n_ranks": "int: how many",
@@ -95,6 +100,28 @@ class SamplesProbe(Probe):
                            "thread's samples, sum 1), top, data, busy, waiting, checkpoint, collective_ops, "
                            "io_ops, sync_ops, compile_ops, hot (hottest user lines: where, share, category, "
                            "text), still (share of the most common Python stack), main_thread, pid",
+        "samples.by_rank[].samples": "int: main-thread samples of the rank",
+        "samples.by_rank[].shares": "map<string,float>: category -> share of those samples (sums to 1)",
+        "samples.by_rank[].top": "string: its largest category (idle with no samples)",
+        "samples.by_rank[].data": "float: share in data loading (wait and fetch)",
+        "samples.by_rank[].busy": "float: share in compute-like categories",
+        "samples.by_rank[].waiting": "float: share waiting (collectives, host syncs, ...)",
+        "samples.by_rank[].checkpoint": "float: share in checkpoint I/O (torch.save, fsync, ...)",
+        "samples.by_rank[].still": "float: share of its most common Python stack (near 1: frozen)",
+        "samples.by_rank[].collective_ops": "map<string,float>: collective op -> share of its samples",
+        "samples.by_rank[].io_ops": "map<string,float>: I/O call -> share of its samples",
+        "samples.by_rank[].sync_ops": "map<string,float>: host-device sync call -> share of its samples",
+        "samples.by_rank[].compile_ops": "map<string,float>: compile step -> share of its samples",
+        "samples.by_rank[].hot": "list<map>: its hottest user lines: where, share, category, text",
+        "samples.by_rank[].hot[].where": "string: file:line of the user's code",
+        "samples.by_rank[].hot[].share": "float: share of the rank's samples on that line",
+        "samples.by_rank[].hot[].category": "string: the category most of its samples fall in",
+        "samples.by_rank[].hot[].text": "string: the line's source text, empty when unknown",
+        "samples.by_rank[].main_thread": "string: name of the thread taken as the main one",
+        "samples.by_rank[].threads": "int: threads in the rank's profile",
+        "samples.by_rank[].files": "int: profile files read for the rank",
+        "samples.by_rank[].pid": "int: its process id, null when the file does not say",
+        "samples.by_rank[].host": "string: host it ran on, when known",
         "samples.mean": "map<string,float>: per category (and data, busy, waiting, checkpoint) the mean share over ranks",
         "samples.median": "map<string,float>: per category (and data, busy, waiting, checkpoint) the median share over ranks",
         "samples.max": "map<string,float>: per category (and data, busy, waiting, checkpoint) the largest share of any rank",
@@ -128,6 +155,10 @@ class SamplesProbe(Probe):
         "samples.hot[].text": "string: the line's source text (live windows; empty when unknown)",
         "samples.hot[].ranks": "list<int>: ranks where it is among the hottest",
         "samples.window": "map: rate_hz, duration_s, nonblocking, native (live windows only)",
+        "samples.window.rate_hz": "int: samples per second py-spy was asked for",
+        "samples.window.duration_s": "float: seconds the window lasted",
+        "samples.window.nonblocking": "bool: py-spy sampled without pausing the process",
+        "samples.window.native": "bool: native (C/C++) frames were sampled too",
         "samples.errors": "list<string>: ranks whose sampling failed, with py-spy's reason",
         "samples.formats": "list<string>: raw | speedscope | meta | steps",
         "samples.steps": "map: step timings of the in-job helper (doctor.torch): ranks, n_steps, step_time_median, "
@@ -141,6 +172,30 @@ class SamplesProbe(Probe):
         "samples.steps.slow.periodic": "bool: the slow steps come at a fixed interval",
         "samples.steps.slow.interval": "int: that interval in steps",
         "samples.steps.slow.lost_share": "float: time above the median spent in slow steps / all step time",
+        "samples.steps.slow.n_slow": "int: slow steps",
+        "samples.steps.slow.median_s": "float: median step time in seconds",
+        "samples.steps.slow.slow_median_s": "float: median time of the slow steps in seconds",
+        "samples.steps.slow.rank": "int: the rank these slow steps belong to (the one losing the most)",
+        "samples.steps.step_time_median": "float: median over ranks of each rank's median step time in seconds",
+        "samples.steps.slowest_rank": "int: rank with the largest median step time",
+        "samples.steps.slowest_ratio": "float: its median step time / the median over ranks",
+        "samples.steps.phase_share": "map<string,float>: named phase -> its time / step time, all ranks",
+        "samples.steps.by_rank": "map<string,map>: per rank: steps, step-time median/p90/max, shares, compiles, slow",
+        "samples.steps.by_rank[].steps": "int: step records of the rank",
+        "samples.steps.by_rank[].step_time_median": "float: median step time in seconds",
+        "samples.steps.by_rank[].step_time_p90": "float: 90th percentile step time in seconds",
+        "samples.steps.by_rank[].step_time_max": "float: longest step in seconds",
+        "samples.steps.by_rank[].data_share": "float: data-wait time / step time",
+        "samples.steps.by_rank[].gc_share": "float: Python GC time / step time",
+        "samples.steps.by_rank[].phase_share": "map<string,float>: named phase -> its time / step time",
+        "samples.steps.by_rank[].compiles": "int: graphs torch.compile built",
+        "samples.steps.by_rank[].slow": "map: the rank's slow steps: n_slow, periodic, interval, lost_share, median_s, slow_median_s",
+        "samples.steps.by_rank[].slow.n_slow": "int: slow steps",
+        "samples.steps.by_rank[].slow.periodic": "bool: they come at a fixed interval",
+        "samples.steps.by_rank[].slow.interval": "int: that interval in steps",
+        "samples.steps.by_rank[].slow.lost_share": "float: time above the median spent in them / all step time",
+        "samples.steps.by_rank[].slow.median_s": "float: median step time in seconds",
+        "samples.steps.by_rank[].slow.slow_median_s": "float: median time of the slow steps in seconds",
         "samples.steps.n_steps": "int: step records read",
         "samples.steps.ranks": "list<int>: ranks with step records",
     }
@@ -167,6 +222,8 @@ class SamplesProbe(Probe):
             return True
         if b"speedscope.app/file-format-schema" in raw[:2000]:
             return True
+        if b") " not in raw:  # every raw line ends "...) COUNT": one C-level test spares the rest
+            return False
         lines = [ln for ln in sample.text.splitlines()[:40] if ln.strip()]
         if not lines:
             return False

@@ -14,6 +14,7 @@ from pathlib import Path
 from doctor.probes.samples import timeshare as ts
 from doctor.probes.samples.profiles import ThreadSamples
 
+from doctor.evidence.jobpaths import JobFileRefused, read_job_file
 from doctor.evidence.redact import scrub
 
 MAX_LINES = 400  # source lines kept per rank
@@ -27,17 +28,13 @@ def source_line(pid: int, file: str, line: int, cache: dict[str, list[str] | Non
     if line <= 0 or not file.endswith(".py"):
         return ""
     if file not in cache:
-        cands = [f"/proc/{pid}/root{file}", file] if file.startswith("/") else [f"/proc/{pid}/cwd/{file}"]
         cache[file] = None
-        for c in cands:
-            try:
-                if os.path.getsize(c) > MAX_SOURCE_BYTES:
-                    break
-                with open(c, encoding="utf-8", errors="replace") as fh:
-                    cache[file] = fh.read().splitlines()
-                break
-            except OSError:
-                continue
+        try:  # a frame's file name is the job's to choose: opened with its user's rights
+            data, size, _ = read_job_file(file, pid, MAX_SOURCE_BYTES + 1)
+            if size <= MAX_SOURCE_BYTES:
+                cache[file] = data.decode("utf-8", errors="replace").splitlines()
+        except (OSError, JobFileRefused):
+            pass
     lines = cache[file]
     if not lines or line > len(lines):
         return ""

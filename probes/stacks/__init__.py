@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from doctor.probes.stacks import live
+from doctor.probes.stacks import live, report
 from doctor.probes.stacks.analyze import analyze
 from doctor.probes.stacks.formats import (
     JSON_START,
@@ -30,6 +30,7 @@ from doctor.probes.stacks.formats import (
     SNIFF_PYSPY_FRAME,
     SNIFF_TB,
     ide_frames,
+    is_server_stacks,
     mostly_dump,
     parse_json,
     parse_text,
@@ -39,8 +40,9 @@ from doctor.probes.stacks.live import classify_failure, dump_pid, find_pyspy
 from doctor.probes.stacks.model import DumpError, ProcDump, ThreadSum
 from doctor.probes.stacks.summary import summarize, to_dump
 
-from doctor.evidence.contract import Hints, Parsed, Probe, Sample
+from doctor.evidence.contract import Hints, Parsed, Probe, Sample, read_whole
 from doctor.evidence.errors import EvidenceError
+from doctor.evidence.sections import Section, SectionContext
 
 #: Names other evidence kinds and the tests read from the probe's package.
 __all__ = ["PROBE", "DumpError", "ProcDump", "StacksProbe", "ThreadSum", "analyze", "classify_failure",
@@ -68,6 +70,14 @@ class StacksProbe(Probe):
     shows_state: ClassVar[bool] = True
     state_order: ClassVar[int] = 30
     max_bytes: ClassVar[int] = 64 * 1024 * 1024
+    fixtures: ClassVar[tuple[str, ...]] = (
+        "tests/fixtures/evidence/*/pyspy-*",
+        "tests/fixtures/stacks/*/pyspy-*",
+        "tests/fixtures/stacks/*/gdb-*.txt",
+        "tests/fixtures/stacks/faulthandler_tee*/torchrun.log",
+        "tests/fixtures/stacks/public_formats/*.txt",
+        "tests/fixtures/slow/*/bundle/hosts/*/stacks/pyspy-*",
+    )
     facts_schema: ClassVar[dict[str, str]] = {
         "stacks.n_ranks": "int: ranks with a main-thread stack (latest snapshot)",
         "stacks.n_members": "int: processes analysed as ranks, including dumps whose rank is unknown",
@@ -104,6 +114,14 @@ class StacksProbe(Probe):
         "stacks.groups[].workers_idle": "int: members whose DataLoader workers were all waiting in their loop (the batch is in transit, not stuck)",
         "stacks.groups[].unranked": "list<string>: 'host:pid' of members whose rank is unknown (at most 16)",
         "stacks.by_rank": "map<string,map>: per rank: state, op, top, group, active, frozen, workers_blocked, and pin_memory ('state (op) at frame' of the DataLoader pin-memory thread, when there is one)",
+        "stacks.by_rank[].state": "string: state of the rank's main thread (collective, dataloader_wait, io, ...)",
+        "stacks.by_rank[].op": "string: what in that state (collective op, io kind, lock kind, dataloader phase), or ''",
+        "stacks.by_rank[].top": "string: innermost Python frame with line, 'func (file:line)'",
+        "stacks.by_rank[].group": "string: id of its stack group (stacks.groups[].id)",
+        "stacks.by_rank[].active": "bool: py-spy saw the main thread running rather than blocked",
+        "stacks.by_rank[].frozen": "bool: its stack was identical in all of 2+ snapshots",
+        "stacks.by_rank[].workers_blocked": "bool: its DataLoader workers show a blocked one and no busy one",
+        "stacks.by_rank[].pin_memory": "string: 'state (op) at frame' of its DataLoader pin-memory thread, when there is one",
         "stacks.collective_splits": "list<map>: main threads in a typed, non-p2p collective, split by (op, call site); more than one entry means ranks wait in different collectives",
         "stacks.collective_splits[].key": "string: op@site",
         "stacks.collective_splits[].op": "string: the collective op",
@@ -123,6 +141,11 @@ class StacksProbe(Probe):
         "stacks.lock_holders[].active": "bool: the thread was running",
         "stacks.lock_holders[].gil": "bool: the thread held the GIL",
         "stacks.workers": "map<string,map>: per rank with DataLoader worker dumps: n, waiting, busy, blocked, top (a blocked worker's innermost frame)",
+        "stacks.workers[].n": "int: DataLoader worker dumps of the rank",
+        "stacks.workers[].waiting": "int: workers idle in their loop, waiting for an index",
+        "stacks.workers[].busy": "int: workers fetching a batch",
+        "stacks.workers[].blocked": "int: workers stuck outside their loop (a lock, I/O, a dead peer)",
+        "stacks.workers[].top": "string: innermost frame of a blocked worker, '' when none",
         "stacks.workers_blocked": "list<int>: ranks with a blocked DataLoader worker and no busy one",
         "stacks.missing_ranks": "list<int>: ranks below job.world_size with no stack dump (known only when world_size is)",
         "stacks.gone_ranks": "list<int>: ranks whose live dump failed because the process no longer exists",
@@ -137,9 +160,14 @@ class StacksProbe(Probe):
 
 
     def wants_another_look(self, facts: dict[str, Any]) -> bool:
-        """Some ranks frozen and some moving: a slow step or a real hang; another look tells."""
+        """Some ranks frozen and some moving: a slow step or a real hang; another look tells.
+
+        A rank whose stack repeated but whose main thread woke between the snapshots (the procs
+        readings) is progressing too, as in ``observed_state``: when that leaves no frozen rank,
+        progress is proven and further snapshots would only cost time (a healthy job's verdict)."""
         st = facts.get("stacks") or {}
-        return bool(st.get("frozen")) and bool(st.get("moving"))
+        frozen = set(st.get("frozen") or []) - set((facts.get("procs") or {}).get("main_waking_ranks") or [])
+        return bool(frozen) and bool(st.get("moving"))
 
     def observed_state(self, facts: dict[str, Any]) -> str:
         """Hung or progressing from two or more snapshots.
@@ -158,6 +186,13 @@ class StacksProbe(Probe):
         procs = facts.get("procs") or {}
         frozen = set(st.get("frozen") or []) - set(procs.get("main_waking_ranks") or [])
         return "hung" if len(frozen) / n >= 0.5 else "progressing"
+
+    #: torch's debug server dumps and pages belong to the debug_server kind (who answered); the
+    #: stacks inside them, one section per rank, are read here too so every stack rule applies.
+    also_reads: ClassVar[frozenset[str] | None] = frozenset({"debug_server"})
+
+    def also_sniff(self, sample: Sample) -> bool:
+        return not sample.is_binary and is_server_stacks(sample.text)
 
     def sniff(self, sample: Sample) -> bool:
         text = sample.text
@@ -180,7 +215,7 @@ class StacksProbe(Probe):
     # -- parse --------------------------------------------------------------------------------
 
     def parse(self, path: Path, rel: str, hints: Hints) -> list[Parsed]:
-        raw = path.read_bytes()
+        raw = read_whole(path)  # the dispatcher's sample when it held the whole dump
         if b"\x00" in raw[:4096]:
             raise EvidenceError(rel, "binary data, not a stack dump")
         text = raw.decode("utf-8", errors="replace")
@@ -256,6 +291,21 @@ class StacksProbe(Probe):
     # -- live ---------------------------------------------------------------------------------
     def collect(self, ctx: Any) -> dict[str, Any]:
         return live.collect(ctx)
+
+    # -- the report ---------------------------------------------------------------------------
+    rank_state_order: ClassVar[int] = 10  # a stack group says most precisely where a rank is
+
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        return report.sections(facts, context)
+
+    def rank_states(self, facts: dict[str, Any]) -> dict[int, str]:
+        out = report.rank_states(facts)
+        for rank, state in super().rank_states(facts).items():
+            out.setdefault(rank, state)
+        return out
+
+    def rank_details(self, facts: dict[str, Any]) -> dict[str, dict[int, str]]:
+        return report.rank_details(facts)
 
 
 PROBE = StacksProbe()

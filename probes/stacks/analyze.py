@@ -20,11 +20,14 @@ MAX_GROUPS = 48
 MAX_LIST = 64
 
 
-def _score(d: ProcDump) -> tuple[int, int]:
+def _score(d: ProcDump) -> tuple[int, int, int]:
     m = d.main
     specific = m is not None and m.state not in ("python", "unknown", "idle")
     has_py = d.fmt not in ("gdb", "ide")  # gdb bt and IDE stacks show only native frames
-    return (4 * specific + 2 * has_py + d.native, len(d.others))
+    # py-spy over faulthandler next (a debug-server dump beside a live py-spy one): it says
+    # whether the thread runs, and later snapshots are py-spy too, whose frames (qualified
+    # names) would never equal faulthandler's, making a frozen rank look like it moved
+    return (4 * specific + 2 * has_py + d.native, int(d.fmt.startswith("pyspy")), len(d.others))
 
 
 def _better(a: ProcDump, b: ProcDump) -> ProcDump:

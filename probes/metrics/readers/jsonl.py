@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from doctor.probes.common import jsonstream
 from doctor.probes.metrics.names import canonical
 from doctor.probes.metrics.rows import LINE_FORMAT_MAX, Rows, parse_number
 
@@ -147,18 +148,52 @@ def read_jsonl(path: Path, rel: str, hints: Hints) -> list[Series]:
 
 
 def read_json(path: Path, rel: str, hints: Hints) -> list[Series]:
-    """HF ``trainer_state.json`` (``log_history``) or a JSON list of metric records."""
+    """HF ``trainer_state.json`` (``log_history``) or a JSON list of metric records.
+
+    The records are decoded one at a time (``jsonstream``): a whole-file ``json.loads`` of a
+    309 MB trainer_state.json reached 4.2 GB; now memory is the text plus the rows kept. Files
+    over LINE_FORMAT_MAX are refused in one line, like the other line-by-line formats.
+    """
+    size = path.stat().st_size
+    if size > LINE_FORMAT_MAX:
+        raise EvidenceError(rel, f"{size / 2**20:.0f} MiB JSON is over the {LINE_FORMAT_MAX // 2**20} MiB "
+                                 "limit for JSON metrics; skipped (export the metrics as CSV)")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    is_state = text.lstrip()[:1] == "{"
+    found = [False]
+
+    def records() -> Any:
+        if not is_state:
+            yield from jsonstream.elements(text)
+            return
+        for _key, rec, elem in jsonstream.members(text, "log_history"):
+            if elem:
+                found[0] = True
+                yield rec
+
     try:
-        doc = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except ValueError as exc:
+        return _records_to_series(records(), rel, hints, "json:trainer_state" if is_state else "json")
+    except json.JSONDecodeError as exc:
         raise EvidenceError(rel, f"invalid JSON ({exc.msg} at line {exc.lineno})") from None
-    recs = doc.get("log_history") if isinstance(doc, dict) else doc
-    if not isinstance(recs, list):
-        raise EvidenceError(rel, "JSON holds no list of metric records (no log_history)")
-    return _records_to_series(recs, rel, hints, "json:trainer_state" if isinstance(doc, dict) else "json")
+    except jsonstream.JsonShapeError as exc:
+        raise EvidenceError(rel, f"invalid JSON ({exc})") from None
+    except RecursionError:
+        raise EvidenceError(rel, "JSON nested too deeply to parse as metrics") from None
+    except EvidenceError:
+        if is_state and not found[0]:
+            raise EvidenceError(rel, "JSON holds no list of metric records (no log_history)") from None
+        raise
+
+
+def _first_char(text: str) -> str:
+    """The first non-blank character of ``text`` without copying all of it (a sniff runs on
+    every file of a folder: 16k stack dumps at a time)."""
+    return (text[:4096].lstrip() or text.lstrip())[:1]
 
 
 def looks_jsonl(sample: Sample) -> bool:
+    if _first_char(sample.text) != "{":  # the first line below must start with one
+        return False
     lines = [ln.strip() for ln in sample.text.splitlines()[:50] if ln.strip()]
     if len(lines) < 2 or not lines[0].startswith("{"):
         return False
@@ -175,5 +210,4 @@ def looks_jsonl(sample: Sample) -> bool:
 
 
 def looks_json(sample: Sample) -> bool:
-    head = sample.text.lstrip()[:4096]
-    return head.startswith("{") and '"log_history"' in sample.text and '"loss"' in sample.text
+    return _first_char(sample.text) == "{" and '"log_history"' in sample.text and '"loss"' in sample.text

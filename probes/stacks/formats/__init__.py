@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import re
 
-from doctor.probes.stacks.formats.common import PREFIX, RANK_LINE, rank_from_prefix, split_streams
+from doctor.probes.stacks.formats.common import (
+    PREFIX,
+    RANK_LINE,
+    SECTION,
+    is_server_stacks,
+    rank_from_prefix,
+    split_sections,
+    split_streams,
+)
 from doctor.probes.stacks.formats.faulthandler import (
     FH_FRAME,
     FH_NEW_DUMP,
@@ -51,11 +59,14 @@ def parse_text(text: str) -> tuple[list[RawProc], list[str]]:
     """
     notes: list[str] = []
     lines = text.splitlines()
-    if text and not text.endswith("\n") and lines:
+    streams = split_sections(lines) if "Rank " in text and is_server_stacks(text) else None
+    if text and not text.endswith("\n") and lines and streams is None:
         # an unterminated last line is a cut-off file: keep it only when it is a whole frame
+        # (the debug server writes its dumps without a final newline: no sign of a cut there)
         notes.append("file ends mid-line (truncated); parsed what is there")
     out: list[RawProc] = []
-    streams = split_streams(lines) if text.startswith("[") or "\n[" in text else [(None, lines)]
+    if streams is None:
+        streams = split_streams(lines) if text.startswith("[") or "\n[" in text else [(None, lines)]
     for prefix, stream in streams:
         rank, local = rank_from_prefix(prefix)
         joined_head = text[:65536] if prefix is None else "\n".join(stream[:400])
@@ -87,13 +98,21 @@ def mostly_dump(lines: list[str]) -> bool:
     console log of a GPU test run with one py-spy dump among its lines). Indented lines right
     after a dump line (a wrapped gdb frame, a traceback frame's source line) count with it;
     markdown fences around a pasted dump count for nothing."""
-    body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("```")]
-    n = 0
+    n = total = 0
     prev = False
-    for ln in body:
-        prev = _dump_line(ln) or (prev and ln[0] in " \t")
+    for ln in lines:
+        bare = ln.lstrip()  # one strip per line: blank lines and fences count for nothing
+        if not bare or bare.startswith("```"):
+            continue
+        total += 1
+        # py-spy frames and headers, the bulk of a dump, answer before any regex is tried
+        prev = ln.startswith(_PLAIN_DUMP) or _dump_line(ln) or (prev and ln[0] in " \t")
         n += prev
-    return bool(body) and n >= 0.5 * len(body)
+    return bool(total) and n >= 0.5 * total
+
+
+#: Line starts that make a dump line whatever follows (see ``_dump_line``); none is a prefix.
+_PLAIN_DUMP = ("    ", "Process ", "Python v", "Parent Process ", "Thread ")
 
 
 def _dump_line(ln: str) -> bool:
@@ -106,11 +125,11 @@ def _dump_line(ln: str) -> bool:
         return True  # py-spy frames, locals and headers
     return bool(FH_FRAME.match(ln) or FH_STACK.match(ln) or FH_NEW_DUMP.match(ln)
                 or GDB_FRAME.match(ln) or ln.startswith(("[New LWP", "[Thread debugging", "[Inferior ", "Current thread "))
-                or RANK_LINE.match(ln) or (FH_OTHER.match(ln) and ln.strip())
+                or RANK_LINE.match(ln) or SECTION.match(ln) or (FH_OTHER.match(ln) and ln.strip())
                 or GDB_PROMPT.match(ln) or TB_FRAME.match(ln) or TB_HEAD.match(ln.strip())
                 or TB_THREAD.match(ln.strip()) or pybt_entry(ln) is not None
                 or ("!" in ln and IDE_FRAME.match(ln)) or IDE_OTHER.match(ln))
 
 
-__all__ = ["JSON_START", "SNIFF_FH", "SNIFF_GDB", "SNIFF_GDB_BARE", "SNIFF_PYSPY", "SNIFF_PYSPY_FRAME", "SNIFF_TB", "ide_frames",
+__all__ = ["JSON_START", "is_server_stacks", "SNIFF_FH", "SNIFF_GDB", "SNIFF_GDB_BARE", "SNIFF_PYSPY", "SNIFF_PYSPY_FRAME", "SNIFF_TB", "ide_frames",
            "mostly_dump", "parse_json", "parse_text", "tb_is_exception"]

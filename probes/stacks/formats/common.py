@@ -52,6 +52,51 @@ def split_streams(lines: list[str]) -> list[tuple[str | None, list[str]]]:
     return list(streams.items())
 
 
+#: A rank's section in what torch's distributed debug server writes: its periodic
+#: ``stacks_<date>_<time>.txt`` dumps (``=== Rank 3: <worker url> ===``) and its route pages
+#: (``<h2>Rank 3: <worker url></h2>`` then a ``<pre>``) put every rank's stacks one after
+#: another, so the header is the only thing that says whose threads follow.
+SECTION = re.compile(r"^(?:=== Rank (\d{1,6}): \S*.* ===|\s*<h[23]>Rank (\d{1,6}): \S*</h[23]>)\s*$")
+_SERVER_STACKS = re.compile(r"(?m)^(?:=== Rank \d{1,6}: |\s*<h[23]>Rank \d{1,6}: )\S*/handler/(?:dump_traceback|pyspy_dump)\b")
+
+
+def is_server_stacks(text: str) -> bool:
+    """A debug-server stacks or py-spy dump (periodic file or route page), from its head."""
+    return bool(_SERVER_STACKS.search(text[:65536]))
+
+
+def split_sections(lines: list[str]) -> list[tuple[str | None, list[str]]] | None:
+    """One stream per debug-server rank section (named ``rankN`` like a launcher prefix), or None
+    when the text has no such header. Lines before the first header (a ``PARTIAL DATA`` summary,
+    a page's head) are not a rank's; a page's ``<pre>`` tags are dropped, and so is a failed
+    rank's ``<p>Failed to fetch`` line (its error text is no stack)."""
+    if not any(SECTION.match(ln) for ln in lines[:200000] if "Rank " in ln):
+        return None
+    out: list[tuple[str | None, list[str]]] = []
+    cur: list[str] = []
+    key: str | None = None
+    for ln in lines:
+        m = SECTION.match(ln) if "Rank " in ln else None
+        if m:
+            if key is not None:
+                out.append((key, cur))
+            key, cur = f"rank{m.group(1) or m.group(2)}", []
+            continue
+        if key is None:
+            continue
+        bare = ln.strip()
+        if bare.startswith("<pre>"):
+            ln = bare[5:]
+        if ln.rstrip().endswith("</pre>"):
+            ln = ln.rstrip()[:-6]
+        if bare.startswith("<p>Failed to fetch") or bare in ("</section>", "</pre>"):
+            continue
+        cur.append(ln)
+    if key is not None:
+        out.append((key, cur))
+    return out
+
+
 def rank_from_prefix(prefix: str | None) -> tuple[int | None, int | None]:
     """(global rank, local rank) named by a launcher prefix."""
     if not prefix:

@@ -1,0 +1,406 @@
+"""Tickets and pastes as evidence: split a written document into its machine blocks and its prose.
+
+People rarely hand over evidence files; they post an issue: a few sentences, then the log in a
+fenced block, the py-spy dump in another, nvidia-smi in a ``<details>`` fold, or a chat thread
+with the error pasted between messages. Read as one file, such a document is claimed by no probe
+(it is neither a log nor a dump), so the evidence inside it is lost. This module undoes the
+wrapping, once, for every shape we meet:
+
+- Markdown fences (````` and ``~~~``, any language), indented code blocks, ``<pre>``/``<code>``
+  HTML blocks, Jira ``{code}`` / ``{noformat}`` blocks, ``<details>`` folds (their tags go, the
+  content is read like the rest);
+- quoted replies (``> `` prefixes, nested too), chat prefixes (``[10:42] alice: ...``,
+  ``<alice> ...``), HTML-escaped text (``&lt;`` ...);
+- bare machine lines in the prose (a traceback or NCCL lines pasted without a fence) become
+  blocks of their own.
+
+:func:`split` returns the blocks (each with its 1-based line span in the document, so a finding
+can say "issue.md block 3, lines 12-40") and the prose, with every block line blanked so line
+numbers still hold. The dispatcher (``doctor.engine.facts``) hands each block to the probes by
+content exactly as a file, and the prose to the probe that reads symptoms. :func:`is_document`
+decides, from the head of a file, whether it is such a document: a plain log must never be
+re-routed, so it asks for structure a log never has (fences, quotes, chat prefixes, HTML
+entities) together with prose, or, for a Markdown file or a paste, mostly prose.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import re
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from doctor.evidence.contract import SNIFF_BYTES, Hints, Sample
+
+#: One cheap C-level search over the head decides most files: no marker, no document.
+_MARKERS = re.compile(
+    r"^[ \t]{0,3}(?:```|~~~|> |>$|\{code|\{noformat\}|<details|<pre|<code>|<summary)"
+    r"|&lt;|&gt;|&quot;"
+    r"|^\[?\d{1,2}:\d\d(?::\d\d)?(?:\s?[AaPp][Mm])?\]?\s+(?:<[\w.@-]+>|[A-Za-z][\w.@-]{0,30}:)\s",
+    re.M,
+)
+#: A folder's own documentation (how the evidence was captured) is not a ticket: read as one,
+#: the log lines it quotes would count twice.
+_PROJECT_DOCS = ("readme", "license", "changelog", "contributing", "notice", "authors")
+_MARKDOWN_NAMES = (".md", ".markdown")
+
+_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([\w+#.-]*)")
+_JIRA = re.compile(r"^\s*\{(code|noformat)(?::[^}]*)?\}(.*)$", re.I)
+_HTML_OPEN = re.compile(r"^\s*<(pre|code)(?:\s[^>]*)?>(.*)$", re.I)
+_FOLD_TAG = re.compile(r"</?(?:details|summary)(?:\s[^>]*)?>", re.I)
+_QUOTE = re.compile(r"^(?:[ \t]{0,3}>(?!>>)[ \t]?)+")
+_CHAT = re.compile(
+    r"^(?:\[?\d{1,2}:\d\d(?::\d\d)?(?:\s?[AaPp][Mm])?\]?\s+(?:<[\w.@-]+>|[A-Za-z][\w.@ -]{0,30}?:)\s"
+    r"|<[\w.@-]{1,30}>\s)"
+)
+_LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d+[.)])\s+\S")
+#: A chat client's header line ("alice  10:42 AM"): a speaker, not content.
+_CHAT_HEADER = re.compile(r"^[A-Za-z][\w.@ -]{0,30}\s{2,}\d{1,2}:\d\d(?:\s?[AaPp][Mm])?\s*$")
+
+#: Lines that are machine output by their start, even without a fence around them.
+_STRONG = re.compile(
+    r"\s*(?:\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:|Traceback \(most recent call last\):"
+    r"|File \"[^\"]+\", line \d+|[\w.-]+:\d+:\d+ \[\d+\] |\[[EWIF] [\w./ -]+:\d+\]|[EWIF]\d{4} \d\d:\d\d"
+    r"|\[\s*\d+\.\d+\] |\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\d\d:\d\d:\d\d[.,]\d+|Thread 0x[0-9a-fA-F]+"
+    r"|Process \d+: |\|.*\|\s*$|\+[-=+]{6,}|[A-Za-z_][\w.]*(?:Error|Exception|Warning|Interrupt|Exit): "
+    r"|[A-Z][A-Z0-9_]{2,}=\S*\s*$|(?:INFO|WARN(?:ING)?|ERROR|DEBUG|CRITICAL)[: \]]|#\d+ +0x|\^+\s*$"
+    r"|[\w<>.]+ \([^()\s]+:\d+\)\s*$|NVIDIA-SMI \d|nvidia-smi|\$ |\w+\.py:\d+|[*=#~_-]{8,}\s*$"
+    r"|Setting OMP_NUM_THREADS environment variable)"
+)
+#: Text that marks a log line anywhere in it, unless the line reads as a sentence.
+_WEAK = re.compile(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|Watchdog caught|CUDA error|Signal \d+ \(SIG"
+                   r"|\b\w+Error: |Killed process \d+")
+#: Words of running text: a line with several of these and few symbols is prose.
+_PROSE_WORDS = re.compile(
+    r"\b(?:the|a|an|is|are|was|we|i|it|my|our|this|that|when|with|after|but|and|to|of|on|"
+    r"in|for|have|has|does|do|not|any|see|get|got|works?|job|training|hangs?|stuck|help)\b", re.I)
+
+MAX_BLOCKS = 500
+
+
+@dataclass(frozen=True)
+class Block:
+    """One piece of machine output found in a document."""
+
+    index: int          #: 1-based, in document order
+    start: int          #: first line (1-based) of the content in the document
+    end: int            #: last line
+    text: str
+    shape: str          #: fenced | indented | jira | html | bare
+    lang: str = ""      #: the fence's language tag, if any
+    #: The line just above the block ("rank 3:", a <summary>): its rank or host names the block
+    #: the way a file name would.
+    label: str = ""
+
+    def where(self, name: str) -> str:
+        """Provenance as a report shows it: ``issue.md block 3, lines 12-40``."""
+        span = f"line {self.start}" if self.start == self.end else f"lines {self.start}-{self.end}"
+        return f"{name} block {self.index}, {span}"
+
+
+@dataclass
+class Document:
+    """A split document: its blocks, and its prose with the block lines blanked."""
+
+    blocks: list[Block] = field(default_factory=list)
+    prose: str = ""
+    n_prose: int = 0     #: prose lines (with words)
+    n_machine: int = 0   #: lines inside blocks
+    n_marked: int = 0    #: prose lines behind a chat prefix or a quote marker
+    n_bare: int = 0      #: lines of bare blocks (machine lines with no markup around them)
+
+
+def _clean(lines: list[str]) -> tuple[list[str], set[int]]:
+    """Undo the wrapping that does not change line numbers (HTML entities, quote prefixes, fold
+    tags); also the indices of the quoted lines."""
+    out = []
+    quoted: set[int] = set()
+    for i, ln in enumerate(lines):
+        if "&" in ln:
+            ln = html.unescape(ln)
+        bare = _QUOTE.sub("", ln, count=1)
+        if bare is not ln and bare != ln:
+            quoted.add(i)
+        ln = bare
+        if "<" in ln:
+            ln = _FOLD_TAG.sub("", ln)
+        out.append(ln)
+    return out, quoted
+
+
+def _is_prose(line: str) -> bool:
+    """A sentence: several common words among few tokens, little punctuation of code or paths."""
+    s = line.strip()
+    if len(s) < 3 or len(s) > 4000:  # a line longer than any paragraph is output, not prose
+        return False
+    tokens = s.split()
+    words = _PROSE_WORDS.findall(s)
+    if len(words) < 2 or len(words) < 0.2 * len(tokens) or max(len(t) for t in tokens) > 40:
+        return False
+    code = sum(s.count(c) for c in "/\\;()[]{}<>=|#$")
+    return code <= 0.06 * len(s) + 1
+
+
+def _is_machine(line: str) -> bool:
+    return bool(_STRONG.match(line)) or (bool(_WEAK.search(line)) and not _is_prose(line))
+
+
+def _label(lines: list[str], above: int) -> str:
+    """The nearest non-blank line above line index ``above`` (at most three up), if short."""
+    for k in range(above - 1, max(above - 4, -1), -1):
+        text = _CHAT.sub("", lines[k], count=1).strip()
+        if text:
+            return text if len(text) <= 200 and not _FENCE.match(text) else ""
+    return ""
+
+
+def split(text: str) -> Document:
+    """Blocks and prose of a document (see the module doc for the shapes)."""
+    raw_lines = text.splitlines()
+    lines, quoted = _clean(raw_lines)
+    n = len(lines)
+    prose: list[str] = [""] * n
+    doc = Document()
+    spans: list[tuple[int, int, str, str, list[str]]] = []  # (start, end, shape, lang, lines) 0-based
+
+    def close_bare(buf: list[tuple[int, str]]) -> None:
+        while buf and not buf[-1][1].strip():
+            buf.pop()
+        if buf:
+            spans.append((buf[0][0], buf[-1][0], "bare", "", [t for _, t in buf]))
+        buf.clear()
+
+    bare: list[tuple[int, str]] = []
+    i = 0
+    while i < n:
+        ln = lines[i]
+        m = _FENCE.match(ln)
+        if m:
+            close_bare(bare)
+            mark, lang = m.group(1), m.group(2).lower()
+            j = i + 1
+            while j < n and not lines[j].lstrip().startswith(mark[0] * len(mark)):
+                j += 1
+            spans.append((i + 1, j - 1, "fenced", lang, lines[i + 1:j]))
+            i = j + 1
+            continue
+        m = _JIRA.match(ln)
+        if m:
+            close_bare(bare)
+            tag, rest = m.group(1).lower(), m.group(2)
+            close = re.compile(r"\{" + tag + r"\}", re.I)
+            body: list[str] = []
+            first = i + 1
+            if rest.strip():
+                c = close.search(rest)
+                if c:  # {code}one line{code}
+                    spans.append((i, i, "jira", "", [rest[:c.start()]]))
+                    i += 1
+                    continue
+                body.append(rest)
+                first = i
+            j = i + 1
+            while j < n and not close.search(lines[j]):
+                body.append(lines[j])
+                j += 1
+            if j < n:
+                tail = lines[j][:close.search(lines[j]).start()]  # type: ignore[union-attr]
+                if tail.strip():
+                    body.append(tail)
+            spans.append((first, first + len(body) - 1, "jira", "", body))
+            i = j + 1
+            continue
+        m = _HTML_OPEN.match(ln)
+        if m and m.group(1).lower() == "code" and re.search(r"</code>", m.group(2), re.I):
+            ln = re.sub(r"</?code>", "", ln, flags=re.I)  # inline code in a sentence: prose
+            m = None
+        if m:
+            close_bare(bare)
+            tag = m.group(1).lower()
+            end_tag = re.compile(r"</" + tag + r">", re.I)
+            body = []
+            rest = m.group(2)
+            c = end_tag.search(rest)
+            if c:
+                if rest[:c.start()].strip():
+                    spans.append((i, i, "html", "", [rest[:c.start()]]))
+                i += 1
+                continue
+            if rest.strip():
+                body.append(rest)
+            first = i if rest.strip() else i + 1
+            j = i + 1
+            while j < n and not end_tag.search(lines[j]):
+                body.append(lines[j])
+                j += 1
+            if j < n:
+                tail = lines[j][:end_tag.search(lines[j]).start()]  # type: ignore[union-attr]
+                if tail.strip():
+                    body.append(tail)
+            body = [re.sub(r"</?code>", "", b) for b in body]
+            spans.append((first, first + len(body) - 1, "html", "", body))
+            i = j + 1
+            continue
+        # an indented code block: after a blank line, four spaces or a tab
+        if (ln.startswith("    ") or ln.startswith("\t")) and (i == 0 or not lines[i - 1].strip()) \
+                and not bare and ln.strip() and not _LIST_ITEM.match(ln):
+            j = i
+            body = []
+            while j < n and (lines[j].startswith(("    ", "\t")) or not lines[j].strip()):
+                body.append(lines[j][4:] if lines[j].startswith("    ") else lines[j][1:])
+                j += 1
+            while body and not body[-1].strip():
+                body.pop()
+            spans.append((i, i + len(body) - 1, "indented", "", body))
+            i = i + len(body)
+            continue
+        # loose line: chat prefix off, then prose or machine
+        content = _CHAT.sub("", ln, count=1)
+        if _CHAT_HEADER.match(content):
+            content = ""
+        elif (content is not ln and content != ln or i in quoted) and _is_prose(content):
+            doc.n_marked += 1  # a chat message or a quoted reply in words: a log has none
+        if content.strip() and (_is_machine(content) or (bare and not _is_prose(content))):
+            bare.append((i, content))
+        elif not content.strip() and bare:
+            bare.append((i, content))
+        else:
+            close_bare(bare)
+            prose[i] = content
+        i += 1
+    close_bare(bare)
+
+    for s, e, shape, lang, body in spans[:MAX_BLOCKS]:
+        if not any(b.strip() for b in body):
+            continue
+        doc.blocks.append(Block(len(doc.blocks) + 1, s + 1, max(s, e) + 1, "\n".join(body) + "\n", shape, lang,
+                                _label(lines, s - (shape != "bare" and shape != "indented"))))
+        doc.n_machine += len(body)
+        doc.n_bare += len(body) if shape == "bare" else 0
+    doc.n_prose = sum(1 for p in prose if _is_prose(p))
+    doc.prose = "\n".join(prose) + "\n"
+    return doc
+
+
+def is_document(sample: Sample) -> bool:
+    """Is this file a written document (a ticket, an issue, a chat paste) rather than raw
+    evidence? Markup a log never has plus some prose; without markup, only a Markdown file or
+    a paste (a name with no suffix, as stdin's) that reads mostly as sentences."""
+    if sample.is_binary or not sample.size or sample.name.lower().startswith(_PROJECT_DOCS):
+        return False
+    text = sample.text
+    marked = bool(_MARKERS.search(text))
+    name = sample.name.lower()
+    if not marked and not (name.endswith(_MARKDOWN_NAMES) or "." not in name):
+        return False  # no markup: only a Markdown file or a paste (stdin) may be plain prose
+    doc = split(text[:16384])
+    if not marked:
+        # No markup: sentences must outweigh the bare machine lines (a plain paste, or prose
+        # with indented code blocks); a log with a stray sentence stays a log.
+        if any(b.shape == "indented" for b in doc.blocks) and not doc.n_bare:
+            return doc.n_prose >= 1
+        return doc.n_prose >= 2 and doc.n_prose >= 0.5 * (doc.n_prose + doc.n_bare)
+    if doc.n_prose == 0:
+        return False
+    if doc.n_marked >= 2 or (doc.blocks and any(b.shape != "bare" for b in doc.blocks)):
+        return True
+    # quotes, chat prefixes or entities with no block: ask for a fair share of sentences
+    loose = doc.n_prose + doc.n_machine
+    return doc.n_prose >= 2 and doc.n_prose >= 0.2 * loose
+
+
+def suffix_for(block: Block) -> str:
+    """A file suffix for a block's scratch file: some readers take the name as a hint."""
+    lang = block.lang
+    if lang in ("json", "jsonl", "csv", "tsv"):
+        return "." + lang
+    head = block.text.lstrip()[:8]
+    # "[rank0]:", "[2059991.49]" and "[10:42]" open log lines, not JSON arrays
+    if head.startswith("{") or re.match(r"\[\s*[\[{\"]", head):
+        return ".json"
+    return ".log"
+
+
+#: A document is read whole to split it; past this it is cut (a ticket is not a log archive).
+MAX_DOCUMENT = 64 * 1024 * 1024
+
+
+class Scratch:
+    """A private folder for one run's block files, made on first use and removed when the run
+    drops its last reference (``weakref.finalize``): the dispatcher needs no cleanup code."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self) -> None:
+        self._dir: Path | None = None
+
+    def file(self, name: str) -> Path:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="mldoctor-ticket-"))
+            weakref.finalize(self, shutil.rmtree, self._dir, True)
+        return self._dir / f"{next(self._ids)}-{name}"
+
+
+def _sample(path: Path, data: bytes) -> Sample:
+    return Sample(path=path, name=path.name, raw=data[:SNIFF_BYTES], size=len(data))
+
+
+def _hints(block: Block, doc_hints: Hints) -> Hints:
+    """The document's hints, with a rank or host the block's label names ("rank 3:")."""
+    own = Hints.from_path(block.label) if block.label else Hints()
+    return Hints(rank=own.rank if own.rank is not None else doc_hints.rank, host=own.host or doc_hints.host,
+                 pid=doc_hints.pid)
+
+
+def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable[[Sample], str | None],
+           joins: set[str], prose_readers: list[str]) -> list[tuple[Path, str, str, Hints]]:
+    """The pieces of the document at ``path`` as ``(file, provenance, kind, hints)`` to dispatch.
+
+    Each block is claimed by content (``claim`` is the dispatcher's own); adjacent blocks that a
+    kind in ``joins`` claims become one file (a log cut over two fences) unless the later one's
+    label names another rank or host. A block repeated verbatim (a quoted reply quoting the log again) is read once, so
+    its events are not counted twice. The prose goes to each kind in ``prose_readers``. A block
+    no kind claims comes back with kind ``""`` (not None): it is not split again.
+    """
+    with open(path, "rb") as fh:
+        text = fh.read(MAX_DOCUMENT).decode("utf-8", errors="replace")
+    doc = split(text)
+    groups: list[tuple[list[Block], str | None, Hints]] = []
+    seen: set[str] = set()
+    for block in doc.blocks:
+        if block.text in seen:
+            continue
+        seen.add(block.text)
+        data = block.text.encode()
+        f = scratch.file(f"block{block.index}{suffix_for(block)}")
+        if len(data) > SNIFF_BYTES:  # a sniffer may look at the end of a long file
+            f.write_bytes(data)
+        kind, own = claim(_sample(f, data)), _hints(block, hints)
+        named = Hints.from_path(block.label) if block.label else Hints()
+        last = groups[-1] if groups else None
+        if last and kind is not None and kind in joins and last[1] == kind \
+                and named.rank in (None, last[2].rank) and named.host in (None, last[2].host) \
+                and last[0][-1].index == block.index - 1:
+            last[0].append(block)
+        else:
+            groups.append(([block], kind, own))
+    out: list[tuple[Path, str, str, Hints]] = []
+    for group, kind, own in groups:
+        first, last_block = group[0], group[-1]
+        if len(group) == 1:
+            f, where = scratch.file(f"block{first.index}{suffix_for(first)}"), first.where(rel)
+        else:
+            f = scratch.file(f"blocks{first.index}-{last_block.index}{suffix_for(first)}")
+            where = f"{rel} blocks {first.index}-{last_block.index}, lines {first.start}-{last_block.end}"
+        f.write_bytes("".join(b.text for b in group).encode())
+        out.append((f, where, kind or "", own))
+    if doc.n_prose and prose_readers:
+        f = scratch.file("prose.txt")
+        f.write_text(doc.prose, encoding="utf-8")
+        out.extend((f, f"{rel} prose", name, hints) for name in prose_readers)
+    return out

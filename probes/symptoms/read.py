@@ -1,0 +1,124 @@
+"""Phrases of a ticket's prose -> symptom facts, with negations and questions kept apart.
+
+Why sentences, not lines: Markdown wraps a sentence over several lines and one line can hold
+two sentences; what negates or questions a phrase ("it does not hang", "is it OOM?") lives in
+its sentence. A phrase counts as the reporter's statement only when its sentence is not a
+question and no negation stands just before it in the same clause; the others are kept, marked,
+so a reader sees what was set aside and why.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from doctor.evidence.patterns import MAX_TEXT, Pattern, load_library
+
+#: The fact lists a pattern may feed (``fact:`` in the library); ``outcome`` entries only tell
+#: whether a workaround named in the same sentence helped.
+FACTS = ("states", "when", "where", "changed", "fixes", "outcome")
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\[])|\n\s*\n|(?<=[.!?])\s*\n")
+#: A negation in the few words before a phrase, in the same clause.
+_NEGATION = re.compile(
+    r"\b(?:not|never|no longer|isn'?t|doesn'?t|don'?t|didn'?t|wasn'?t|aren'?t|won'?t|can'?t|cannot|"
+    r"no|nor|neither|without any)\s+(?:\w+[\s,]+){0,2}$", re.I)
+_CLAUSE_BREAK = re.compile(r"[,;:]|\bbut\b|\bhowever\b|\band\b|\bwhile\b", re.I)
+#: Sentences and characters read per document: a ticket says what matters early, and a 1 MB
+#: essay (or garbage with no sentence end) would otherwise cost seconds for nothing new.
+MAX_SENTENCES = 2000
+MAX_PROSE_CHARS = 256 * 1024
+_STEPS = re.compile(r"\bafter (?:about |around |roughly |~)?(\d[\d,.]*)\s*(k)?\s*(?:steps|iterations|iters|batches)\b", re.I)
+
+
+@dataclass(frozen=True)
+class Phrase:
+    id: str
+    fact: str
+    value: str
+    text: str
+    line: int
+    asserted: bool
+    why_not: str   # "" | negated | question
+
+    def to_json(self, rel: str) -> dict[str, Any]:
+        return {"id": self.id, "fact": self.fact, "value": self.value, "text": self.text[:200],
+                "where": f"{rel}, line {self.line}", "asserted": self.asserted, "why_not": self.why_not}
+
+
+@lru_cache(maxsize=1)
+def library() -> tuple[Pattern, ...]:
+    """Every phrase pattern of ``patterns/*.yaml`` (checked by the one pattern loader)."""
+    folder = Path(str(resources.files("doctor.probes.symptoms"))) / "patterns"
+    out: list[Pattern] = []
+    for f in sorted(folder.glob("*.yaml")):
+        out.extend(load_library(f))
+    return tuple(out)
+
+
+def sentences(text: str) -> list[tuple[int, str]]:
+    """(1-based line, sentence) for every sentence of the prose; wrapped lines are joined.
+    At most ``MAX_SENTENCES`` sentences, from the first ``MAX_PROSE_CHARS`` characters."""
+    out: list[tuple[int, str]] = []
+    pos, line, counted = 0, 1, 0
+    for m in list(_SENTENCE_END.finditer(text)) + [None]:
+        end = m.start() if m else len(text)
+        chunk = text[pos:end]
+        if chunk.strip():
+            lead = len(chunk) - len(chunk.lstrip())
+            line += text.count("\n", counted, pos + lead)  # counted once, left to right
+            counted = pos + lead
+            out.append((line, " ".join(chunk[:MAX_TEXT].split())))
+            if len(out) >= MAX_SENTENCES or pos > MAX_PROSE_CHARS:
+                break
+        pos = m.end() if m else len(text)
+    return out
+
+
+def _negated(sentence: str, start: int) -> bool:
+    before = sentence[max(0, start - 80):start]
+    cut = [b.end() for b in _CLAUSE_BREAK.finditer(before)]
+    clause = before[cut[-1]:] if cut else before
+    return bool(_NEGATION.search(clause))
+
+
+def phrases(text: str) -> list[Phrase]:
+    """Every pattern hit in the prose, each marked asserted or not (and why)."""
+    lib = library()
+    out: list[Phrase] = []
+    for line, s in sentences(text):
+        question = s.rstrip().endswith("?")
+        hits = [(p, m) for p in lib for m in [p.regex.search(s)] if m]
+        outcomes = {str(p.fields.get("value")) for p, _ in hits if p.fields.get("fact") == "outcome"}
+        for p, m in hits:
+            fact = str(p.fields.get("fact"))
+            if fact == "outcome":
+                continue
+            value = str(p.fields.get("value"))
+            why = "question" if question else ""
+            if fact == "fixes":
+                # a workaround: its outcome, not a negation before it, says whether it helped
+                if not why and "bad" not in outcomes and "good" in outcomes:
+                    out.append(Phrase(p.id, "fixes", value, s, line, True, ""))
+                out.append(Phrase(p.id, "tried", value, s, line, not why, why))
+                continue
+            if not why and _negated(s, m.start()):
+                why = "negated"
+            out.append(Phrase(p.id, fact, value, s, line, not why, why))
+    return out
+
+
+def after_steps(text: str) -> int | None:
+    """The step count a reporter gives ("after 2k steps"), the first one named."""
+    m = _STEPS.search(text)
+    if not m:
+        return None
+    try:
+        n = float(m.group(1).replace(",", ""))
+    except ValueError:
+        return None
+    return int(n * (1000 if m.group(2) else 1))

@@ -273,6 +273,11 @@ class SlurmProbe(Probe):
     def sniff(self, sample: Sample) -> bool:
         text = sample.text.lstrip()
         head = text[:400]
+        top = text[:4096]
+        # Every shape below names a job id column or field in its first lines: one scan each
+        # rules out most files (this runs on every file of a folder) before any line is split.
+        if "JobId=" not in top and "JobID" not in top and "JOBID" not in top and FANOUT_SCHEMA not in head:
+            return False
         if head.startswith("{") and FANOUT_SCHEMA in head:
             return True
         if head.startswith("JobId=") and "JobState=" in text[:4000]:

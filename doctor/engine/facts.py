@@ -7,6 +7,7 @@ one-line entry in ``evidence.errors``; it never stops the rest.
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import time
@@ -183,7 +184,23 @@ def dispatch(sample: Sample, probes: tuple[Any, ...]) -> tuple[Any | None, list[
 
 def build(items: list[Item], source: str, symptom: str | None = None,
           probe_runs: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
-    """Parse every item and assemble the facts; returns (facts, seconds spent per kind)."""
+    """Parse every item and assemble the facts; returns (facts, seconds spent per kind).
+
+    The cyclic garbage collector is paused meanwhile: parsing thousands of dumps allocates
+    millions of small acyclic objects (frames, lines), and each full collection would walk all of
+    them again, for nothing (about a tenth of the time at 16,384 ranks). Collections resume after.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(items, source, symptom, probe_runs)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build(items: list[Item], source: str, symptom: str | None,
+           probe_runs: list[dict[str, Any]] | None) -> tuple[dict[str, Any], dict[str, float]]:
     facts = empty_facts(source, symptom)
     ev = facts["evidence"]
     ev["probes"] = [

@@ -211,8 +211,8 @@ class GpuProbe(Probe):
             return f'"{SCHEMA_ID}"' in text
         if "NVSMI LOG" in text[:2000]:
             return True
-        first = next((ln for ln in text.splitlines()[:50] if ln.strip()), "")
         # the substring tests first: this runs on every file of a folder (16k stack dumps)
+        first = head.split("\n", 1)[0]  # the first non-blank line (head is left-stripped)
         if "," in first and csv_header_known(first) >= 2:
             return True
         if "MiB" in text and SMI_TABLE_MARK.search(text[:8000]):

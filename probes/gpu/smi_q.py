@@ -43,6 +43,8 @@ def looks_like_q_sections(text: str) -> bool:
     ("Pending                           : Yes"), so one known section header plus mostly padded
     lines is enough, while ordinary ``key: value`` files are not claimed."""
     body = text[:20000]
+    if " : " not in body:  # every -q line is "key<padding> : value"; one scan rules most files out
+        return False
     if not any(k in body for k in _Q_NEEDLES):  # plain substring tests, far cheaper than the regex
         return False
     if not _Q_KEYS.search(body):  # decisive: most files have no -q section header

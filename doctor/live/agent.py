@@ -235,6 +235,8 @@ def diagnose_live(pids: list[int] | None = None, symptom: str | None = None,
     trace = trace if trace is not None else Trace()
     the_job = targets.pick_job(targets.discover(pids or None), job)
     trace.add("discover", the_job.describe() + f"; {len(the_job.workers)} DataLoader worker(s)")
+    for note in the_job.notes:
+        trace.add("discover", note)
     if progress is not None:
         progress(f"found {the_job.describe()}")
     # Compile the rules while the probes run and the snapshot gap passes (a cold start's ~1-2 s).

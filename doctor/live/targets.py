@@ -9,6 +9,7 @@ rank is one of its DataLoader workers; the nearest non-rank ancestor that looks 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ class Job:
     world_size: int | None = None
     local_world_size: int | None = None
     host: str = ""
+    #: What was denied while finding the job and what was used instead (shown in the trace).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def procs(self) -> list[RankProcess]:
@@ -91,6 +94,86 @@ def all_procs() -> dict[int, ProcInfo]:
 
 def _is_python(cmd: list[str]) -> bool:
     return bool(cmd) and ("python" in Path(cmd[0]).name or any(c.endswith(".py") for c in cmd[:3]))
+
+
+CAP_SYS_PTRACE = 19
+
+
+def access_limits(owner_uid: int | None = None) -> str:
+    """Why this user cannot read another user's processes (environment, stacks), in words: the
+    ptrace scope, the user ids, the container's capabilities. Empty when nothing limits it."""
+    me = os.geteuid()
+    if me == 0 and _has_cap_ptrace():
+        return ""
+    why = []
+    if owner_uid is not None and owner_uid != me:
+        why.append(f"the job runs as uid {owner_uid}, mldoctor as uid {me}: its environment and stacks are "
+                   "readable only by that user or root")
+    scope = (procfs.read_text(None, "sys/kernel/yama/ptrace_scope") or "").strip()
+    if scope in ("1", "2", "3"):
+        meaning = {"1": "only a parent may attach (py-spy needs sudo or the job's own parent)",
+                   "2": "only root (CAP_SYS_PTRACE) may attach", "3": "no process may attach at all"}[scope]
+        why.append(f"kernel.yama.ptrace_scope={scope}: {meaning}")
+    if me == 0 and not _has_cap_ptrace():
+        why.append("running as root without CAP_SYS_PTRACE (a container without --cap-add SYS_PTRACE)")
+    return "; ".join(why)
+
+
+def _has_cap_ptrace() -> bool:
+    caps = (procfs.status(os.getpid()) or {}).get("CapEff", "0")
+    try:
+        return bool(int(caps, 16) >> CAP_SYS_PTRACE & 1)
+    except ValueError:
+        return False
+
+
+def _uid(pid: int) -> int | None:
+    fields = (procfs.status(pid) or {}).get("Uid", "").split()
+    return int(fields[0]) if fields and fields[0].isdigit() else None
+
+
+_LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(?:=(\d+))?$")
+
+
+def _local_rank_arg(cmd: list[str]) -> int | None:
+    """``--local-rank=N`` / ``--local_rank N`` (torch.distributed.launch passes it to each rank)."""
+    for i, arg in enumerate(cmd):
+        m = _LOCAL_RANK_ARG.match(arg)
+        if m:
+            value = m.group(1) or (cmd[i + 1] if i + 1 < len(cmd) else "")
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _unreadable_jobs(procs: dict[int, ProcInfo], children: dict[int, list[int]], host: str) -> list[Job]:
+    """Jobs seen only from the outside: Python children of a launcher whose environments this
+    user may not read. Their ranks are taken from ``--local-rank`` arguments, else from start
+    order (a launcher starts its local ranks in order); the job then runs on what needs no
+    environment (process states, logs it can open, the debug server, dump folders), and says so."""
+    jobs = []
+    for lp in sorted(procs.values(), key=lambda p: p.pid):
+        if not _looks_like_launcher(lp.cmdline) or "mldoctor" in " ".join(lp.cmdline[:3]):
+            continue
+        kids = [procs[c] for c in sorted(children.get(lp.pid, [])) if c in procs]
+        ranks = [k for k in kids if k.env is None and _is_python(k.cmdline) and k.state != "Z"]
+        if not ranks:
+            continue
+        args = [_local_rank_arg(k.cmdline) for k in ranks]
+        from_args = all(a is not None for a in args) and len(set(args)) == len(args)
+        owner = _uid(ranks[0].pid)
+        job = Job(str(lp.pid), RankProcess(lp.pid, None, host=host, cmdline=lp.cmdline, env={}, role="launcher",
+                                           parent=lp.ppid), host=host, local_world_size=len(ranks))
+        for i, (k, a) in enumerate(zip(ranks, args, strict=True)):
+            rank = a if from_args else i
+            job.ranks.append(RankProcess(k.pid, rank, rank, None, host, k.cmdline, {}, "rank", lp.pid))
+        why = access_limits(owner) or "their /proc/PID/environ is not readable"
+        job.notes.append(
+            f"the environments of {len(ranks)} process(es) under launcher {lp.pid} are not readable ({why}); "
+            f"ranks taken {'from their --local-rank arguments' if from_args else 'from start order (local ranks)'}; "
+            "stacks through py-spy may be denied too: the debug server (--debug-server), logs, "
+            "flight-recorder dumps and process states are used where readable")
+        jobs.append(job)
+    return jobs
 
 
 def _check_explicit_pid(p: ProcInfo, has_ranks: bool) -> None:
@@ -200,14 +283,18 @@ def discover(pids: list[int] | None = None, slurm_job: str | None = None, node: 
             if cp is not None and cp.state != "Z" and _is_python(cp.cmdline):
                 job.workers.append(RankProcess(c, rank, rp.local_rank, rp.world_size, host, cp.cmdline,
                                                {}, "worker", pid))
+    if not jobs and not pids and not slurm_job:  # nothing readable: see the job from outside
+        return _unreadable_jobs(procs, children, host)
     # Launchers whose rank children are all gone still say something: a job that lost its ranks.
     return sorted(jobs.values(), key=lambda j: j.key)
 
 
 def pick_job(jobs: list[Job], which: str | None) -> Job:
     if not jobs:
+        limits = access_limits()
         raise UserError("no PyTorch job found on this host (no process with RANK/WORLD_SIZE in its "
-                        "environment that this user can read); use --pid PID, or --from FILES")
+                        "environment that this user can read, and no launcher with Python children)"
+                        + (f"; note: {limits}" if limits else "") + "; use --pid PID, or --from FILES")
     if which:
         for j in jobs:
             if j.key == which or (j.launcher and str(j.launcher.pid) == which):

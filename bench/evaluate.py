@@ -52,6 +52,9 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_tables import render_checks  # noqa: E402 - the bench folder is not a package
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 CASES = BENCH / "cases"
@@ -721,6 +724,7 @@ def render(data: dict[str, Any]) -> str:
             else:
                 L += [f"### {o['script']} {' '.join(o.get('args', []))}", "", "```", o["output"] or "(no output)", "```", ""]
     L += _render_coverage()
+    L += render_checks()
     L += ["<!-- " + DATA_MARK, json.dumps(data, sort_keys=True), "-->", ""]
     return "\n".join(L)
 

@@ -175,7 +175,7 @@ def test_help_does_not_import_heavy_modules():
     code = ("import sys; sys.argv=['mldoctor','--help']\n"
             "from doctor import cli\n"
             "try:\n    cli.app()\nexcept SystemExit:\n    pass\n"
-            "bad=[m for m in ('torch','pandas','textual','cel') if m in sys.modules]\n"
+            "bad=[m for m in ('torch','pandas','textual','cel','mcp') if m in sys.modules]\n"
             "print('HEAVY', bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert "HEAVY []" in out

@@ -367,6 +367,40 @@ def demo(
 
 
 @app.command()
+def check(
+    full: bool = typer.Option(False, "--full/--quick", help="--quick (default, under 30 s): short searches and sweeps; --full: wide MAMF shape search, long sweeps."),
+    as_json: bool = typer.Option(False, "--json", help="Only the JSON report (mldoctor.report/1) on stdout."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the bundle and reports to this folder."),
+    path: Optional[Path] = typer.Option(None, "--path", help="Also measure read/write throughput of this folder (checkpoint or data location)."),
+    gpu: list[int] = typer.Option([], "--gpu", help="Only this GPU index (repeatable); default every GPU."),
+    nprocs: Optional[int] = typer.Option(None, "--nprocs", help="Ranks of the communication check (default: one per GPU, else 2 on CPU)."),
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="Skip the GPU checks (they load the GPUs: never run them beside a busy job)."),
+    no_comm: bool = typer.Option(False, "--no-comm", help="Skip the communication checks."),
+    slurm_job: Optional[str] = typer.Option(None, "--slurm-job", help="Every node of this running SLURM job (one held for checking), through srun --overlap; one merged report."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show the trace and the rules that could not be evaluated."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress line on stderr."),
+) -> None:
+    """Measure this node (host limits, GPU health and throughput, rank-to-rank communication); a check that cannot run is skipped, never passed."""
+    from doctor.live import check as checks
+
+    level = "full" if full else "quick"
+    try:
+        if slurm_job:
+            report = checks.check_slurm_job(slurm_job, level, path=path, out=out, skip_gpu=no_gpu, skip_comm=no_comm)
+        else:
+            report = checks.run_check(level, path=path, gpus=gpu or None, nprocs=nprocs, out=out, skip_gpu=no_gpu,
+                                      skip_comm=no_comm, progress=_progress(quiet, as_json))
+        if report is None:  # --out -: the fragment went to stdout
+            return
+    except (UserError, RuleError) as exc:
+        _fail(str(exc))
+        return
+    _say_where(report, out)
+    _emit(report, as_json, verbose)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
 def collect(
     pid: list[int] = typer.Option([], "--pid", help="Collect these processes (default: the job on this host)."),
     slurm_job: Optional[str] = typer.Option(None, "--slurm-job", help="Only processes of this SLURM job."),
@@ -406,6 +440,21 @@ def tui(
         return
     raise typer.Exit(run_tui(path=path, pids=pid, symptom=symptom.value if symptom else None, logs=logs,
                              rules_dirs=rules, budget=budget, job=job))
+
+
+@app.command()
+def mcp(
+    allow_live: bool = typer.Option(False, "--allow-live", help="Also offer diagnose_live, which attaches to this host's processes (py-spy); off unless the user opts in."),
+) -> None:
+    """Serve mldoctor's read-only tools to coding agents over MCP (stdio); `docs/agents.md` shows the client setup."""
+    try:
+        import mcp as _sdk  # noqa: F401  (the optional extra: say how to get it, in one line)
+    except ImportError:
+        _fail("the MCP server needs the MCP SDK: pip install 'ml-doctor[mcp]' (or pip install mcp)")
+        return
+    from doctor.mcp.server import serve
+
+    serve(allow_live=allow_live)
 
 
 def _ruleset(rules: list[Path]):  # noqa: ANN202

@@ -89,6 +89,9 @@ def analyze(items: list[facts_mod.Item], source: dict[str, Any], symptom: str | 
         probes=list(probe_runs or []), trace=trace.steps,
         timing={"facts": t_facts, "rules": t_rules, **{f"parse.{k}": v for k, v in timing.items()}},
         follow_ups=[{**fu, "rule": r.rule.id} for r in fired for fu in r.follow_ups],
+        rule_results=[{"rule": r.rule.id, "cause": r.rule.cause,
+                       "status": "passed" if r.status == "not_fired" else r.status, "reason": r.reason}
+                      for r in results],
     )
 
 

@@ -37,6 +37,8 @@ class Finding:
     evidence: list[str]
     fix: list[str]
     also_fired: list[str] = field(default_factory=list)
+    #: What evidence the rule lacked and what would settle it ('' when the rule needs nothing more).
+    missing: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,7 +81,7 @@ def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[lis
             confidence=round(r.rule.confidence, 3), score=round(score, 4), state=r.rule.state,
             ranks=r.ranks, hosts=r.hosts or _hosts_of(r.ranks, facts), gpus=r.gpus, summary=r.summary,
             evidence=r.evidence,
-            fix=playbooks.fix_steps(r.rule.cause),
+            fix=playbooks.fix_steps(r.rule.cause), missing=r.missing,
         )
         prev = by_cause.get(f.cause)
         if prev is None or f.score > prev.score:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +12,9 @@ from doctor import __version__
 from doctor.engine.findings import ACTIONABLE, Finding
 
 SCHEMA = "mldoctor.report/1"
+#: What ``rule_results[].status`` may say. "passed" (evaluated, did not fire) and "not_evaluable"
+#: (the facts it needs are missing) are kept apart: a rule that could not look is not a clean bill.
+RULE_STATUSES = ("fired", "passed", "not_evaluable", "error")
 
 
 @dataclass
@@ -23,6 +28,11 @@ class Report:
     probes: list[dict[str, Any]] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
+    #: Every rule's outcome ({rule, cause, status, reason}), status one of RULE_STATUSES.
+    rule_results: list[dict[str, str]] = field(default_factory=list)
+    #: The key a written report.json carried (kept when it is rendered again, even without the
+    #: facts the key was computed from); empty: computed by ``incident_key``.
+    key: str = ""
     #: Probes that fired rules ask for (the agent's next round); not part of the JSON.
     follow_ups: list[dict[str, Any]] = field(default_factory=list)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -50,13 +60,15 @@ class Report:
             "tool": {"name": "mldoctor", "version": __version__},
             "created": self.created,
             "source": self.source,
-            "verdict": {"state": self.verdict["state"], "summary": self.verdict["summary"]},
+            "verdict": {"state": self.verdict["state"], "summary": self.verdict["summary"],
+                        **({"missing": self.verdict["missing"]} if self.verdict.get("missing") else {})},
             "findings": [
                 {
                     "cause": f.cause, "title": f.title, "category": f.category, "severity": f.severity,
                     "confidence": f.confidence, "score": f.score, "rule": f.rule,
                     "ranks": f.ranks, "hosts": f.hosts, "gpus": f.gpus, "summary": f.summary,
                     "evidence": f.evidence, "fix": f.fix, "also_fired": f.also_fired,
+                    **({"missing": f.missing} if f.missing else {}),
                 }
                 for f in self.findings
             ],
@@ -67,8 +79,10 @@ class Report:
                 "kinds": ev.get("kinds", []), "files": ev.get("files", 0),
                 "ignored": ev.get("ignored", []), "errors": ev.get("errors", []),
             },
+            "incident_key": self.key or incident_key(self),
             "not_evaluable": self.not_evaluable,
             "rule_errors": self.rule_errors,
+            "rule_results": self.rule_results,
             "trace": self.trace,
             "timing_s": {k: round(v, 4) for k, v in self.timing.items()},
         }
@@ -77,17 +91,60 @@ class Report:
         return out
 
 
+def job_identity(report: Report) -> str:
+    """Who the job is, for ``incident_key``: the scheduler's or launcher's job id the evidence
+    names (SLURM_JOB_ID, TORCHELASTIC_RUN_ID through the probes' ``job_label``), else the SLURM
+    job or launcher the live target named, plus the world size. Never a path or a time: the same
+    evidence moved to another folder, or diagnosed again tomorrow, is the same job."""
+    from doctor.evidence import plugins  # the registry only when a key is asked for
+
+    label = ""
+    for probe in plugins.probes():
+        try:
+            label = probe.job_label(report.facts) or ""
+        except Exception:  # one probe's answer must never cost the report
+            label = ""
+        if label:
+            break
+    target = (report.source or {}).get("target") or {}
+    if not label and isinstance(target, dict):
+        for key in ("slurm_job", "job"):
+            if target.get(key):
+                label = f"{key}={target[key]}@{target.get('host', '')}" if key == "job" else str(target[key])
+                break
+    world = (report.facts.get("job") or {}).get("world_size") or 0
+    return f"{label}|world={world}"
+
+
+def incident_key(report: Report) -> str:
+    """A stable id for de-duplicating incidents: ``mldi-`` + 16 hex digits of a hash of the top
+    cause (or the verdict state when nothing fired), its culprit set and the job's identity.
+    Re-running on the same evidence gives the same key; another cause, other culprits or another
+    job give another. Culprit hosts count only when the finding names no ranks, so a bundle
+    re-read with host names aliased (--redact-hosts) still maps to the same incident."""
+    top = report.findings[0] if report.findings else None
+    basis = {
+        "cause": top.cause if top else f"state:{report.verdict.get('state', 'unknown')}",
+        "ranks": sorted(top.ranks) if top else [],
+        "hosts": sorted(top.hosts) if top and not top.ranks else [],
+        "gpus": sorted(top.gpus) if top and not top.ranks and not top.hosts else [],
+        "job": job_identity(report),
+    }
+    digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
+    return f"mldi-{digest[:16]}"
+
+
 # -- loading a written report.json ----------------------------------------------------------------
 #: report.json is mldoctor's own output: the facts it writes are capped far below this depth
 #: (``output.clean_value``), so a deeper document was not written by it, and walking one would
 #: hit Python's recursion limit somewhere in a renderer (an internal error instead of exit 2).
 MAX_DOC_DEPTH = 200
 
-_STR_FIELDS = ("cause", "rule", "rule_name", "title", "category", "severity", "state", "summary")
+_STR_FIELDS = ("cause", "rule", "rule_name", "title", "category", "severity", "state", "summary", "missing")
 _NUM_FIELDS = ("confidence", "score")
 _LIST_FIELDS = ("ranks", "hosts", "gpus", "evidence", "fix", "also_fired")
 _MAPS = ("verdict", "facts", "source", "job", "evidence", "ranks", "timing_s", "bundle", "tool")
-_LISTS_OF_MAPS = ("not_evaluable", "rule_errors", "probes", "trace")
+_LISTS_OF_MAPS = ("not_evaluable", "rule_errors", "rule_results", "probes", "trace")
 
 
 def _depth_over(doc: Any, limit: int) -> bool:
@@ -131,7 +188,7 @@ def doc_problem(doc: Any) -> str | None:
         for i, item in enumerate(val):
             if not isinstance(item, dict):
                 return f"{key}[{i}] is {_kind(item)}, not an object"
-    for key in ("state", "summary"):
+    for key in ("state", "summary", "missing"):
         v = (doc.get("verdict") or {}).get(key)
         if v is not None and not isinstance(v, str):
             return f"verdict.{key} is {_kind(v)}, not a string"

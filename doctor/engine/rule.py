@@ -23,7 +23,7 @@ _NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_]\w*)\s*\}\}")
 FIELDS = {
     "id", "name", "cause", "severity", "confidence", "state", "requires", "when", "ranks", "hosts",
-    "gpus", "evidence", "vars", "explain", "suppresses", "doc", "follow_up", "tags",
+    "gpus", "evidence", "vars", "explain", "suppresses", "doc", "follow_up", "tags", "missing",
 }
 BUILTIN_VARS = {"n_culprits", "world_size", "ranks", "hosts", "gpus"}
 
@@ -60,6 +60,10 @@ class Rule:
     doc: str = ""
     follow_up: list[FollowUp] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    #: A template like ``explain``: what evidence this rule lacked to be sure, and the probe or
+    #: command that would settle it. Rules that reason from partial evidence (one rank's stack,
+    #: one log line) carry it so the report says how to firm up a low-confidence finding.
+    missing: str = ""
 
     def expressions(self) -> dict[str, str]:
         out = {"when": self.when}
@@ -88,6 +92,7 @@ class RuleResult:
     evidence: list[str] = field(default_factory=list)
     summary: str = ""
     follow_ups: list[dict[str, Any]] = field(default_factory=list)
+    missing: str = ""
 
 
 def _err(path: Path, line: int, what: str) -> RuleError:
@@ -146,6 +151,7 @@ def parse_rule(data: Any, path: Path, schema: dict[str, str], namespaces: set[st
         ranks=data.get("ranks"), hosts=data.get("hosts"), gpus=data.get("gpus"),
         evidence=data.get("evidence"), vars=dict(vars_), suppresses=list(suppresses),
         doc=str(data.get("doc", "")), follow_up=follow, tags=list(data.get("tags", []) or []),
+        missing=" ".join(str(data.get("missing") or "").split()),
     )
     for key, src in rule.expressions().items():
         at = line(key.split(".")[0].split("[")[0])
@@ -160,9 +166,10 @@ def parse_rule(data: Any, path: Path, schema: dict[str, str], namespaces: set[st
         problems = celexpr.check_paths(src, schema, namespaces)
         if problems:
             raise _err(path, at, f"{key}: {problems[0]}")
-    for name in _TEMPLATE.findall(rule.explain):
-        if name not in rule.vars and name not in BUILTIN_VARS:
-            raise _err(path, line("explain"), f"explain uses {{{{{name}}}}} which is neither in vars nor built in")
+    for key, text in (("explain", rule.explain), ("missing", rule.missing)):
+        for name in _TEMPLATE.findall(text):
+            if name not in rule.vars and name not in BUILTIN_VARS:
+                raise _err(path, line(key), f"{key} uses {{{{{name}}}}} which is neither in vars nor built in")
     return rule
 
 
@@ -271,6 +278,7 @@ def evaluate(rule: Rule, ctx: Any, facts: dict[str, Any]) -> RuleResult:
         "ranks": res.ranks, "hosts": res.hosts, "gpus": res.gpus,
     })
     res.summary = _TEMPLATE.sub(lambda m: _fmt(values.get(m.group(1), "?")), rule.explain)
+    res.missing = _TEMPLATE.sub(lambda m: _fmt(values.get(m.group(1), "?")), rule.missing)
     return res
 
 

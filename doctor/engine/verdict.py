@@ -15,6 +15,11 @@ Rules name causes; this module decides what the job *is* when rules and live obs
      rule names): that state, with "no rule names its cause";
    - part of the evidence left unread (past the loose-file cap): "unknown", never healthy;
    - otherwise healthy (or the observed state, named without a cause).
+3. **Missing evidence**: the verdict carries ``missing``, one sentence on what would settle it.
+   With a finding it is the top finding's own (its rule's ``missing``). Without one, when the
+   evidence is partial (one rank of a larger or unknown job, ranks with no evidence, or kinds that
+   cannot show a state), it names the absent kinds through their ``Probe.settles`` sentence, so a
+   partial input gets "this is what would decide" instead of a bare "nothing found".
 
 Why in Python and not in YAML rules: these are not causes (no taxonomy id, no playbook); they
 decide how findings combine. Each branch is covered by tests in tests/test_engine.py.
@@ -67,8 +72,51 @@ def _unexplained(facts: dict[str, Any]) -> dict[str, str] | None:
     return None
 
 
+def _partial_ranks(facts: dict[str, Any]) -> str:
+    """How the evidence falls short of the whole job, as a phrase ('' when it does not)."""
+    job = facts.get("job") or {}
+    missing = [r for r in job.get("missing_ranks") or [] if isinstance(r, int)]
+    if missing:
+        return f"no evidence from rank{'s' if len(missing) > 1 else ''} {format_ranks(missing)}"
+    seen = [r for r in job.get("ranks_seen") or [] if isinstance(r, int)]
+    if len(seen) == 1 and (job.get("world_size") or 0) != 1:
+        return f"only rank {seen[0]} was seen, not its peers"
+    return ""
+
+
+def missing_evidence(facts: dict[str, Any]) -> str:
+    """With no finding: what evidence would decide, or '' when the evidence looks complete
+    enough (every rank seen and at least two kinds that show a state). Why: a partial input
+    (one stack, an env dump) that yields "no problem found" reads as a clean bill; naming the
+    absent kinds and how to collect them tells the user the diagnosis is open, and how to close it."""
+    kinds = set((facts.get("evidence") or {}).get("kinds") or [])
+    if not kinds:
+        return ""
+    partial = _partial_ranks(facts)
+    present = kinds & state_kinds()
+    if not partial and len(present) >= 2:
+        return ""
+    absent = [p for p in plugins.probes() if p.shows_state and p.settles and p.name not in kinds]
+    parts = []
+    if partial:
+        parts.append(f"{partial[0].upper()}{partial[1:]}: their evidence of the same kind would decide.")
+    if absent and (partial or len(present) < 2):
+        parts.append("Not read: " + "; ".join(p.settles for p in absent[:3]) + ".")
+    return " ".join(parts)[:900]
+
+
 def verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict[str, str]:
-    """The job's state and a one-line summary; an observed state from live probes wins."""
+    """The job's state, a one-line summary and, where the evidence is partial, what is missing."""
+    out = _verdict(findings, facts, evaluable)
+    actionable = [f for f in findings if f.severity in ACTIONABLE]
+    missing = (getattr(actionable[0], "missing", "") if actionable else "") or (
+        "" if actionable else missing_evidence(facts))
+    if missing:
+        out["missing"] = missing
+    return out
+
+
+def _verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict[str, str]:
     actionable = [f for f in findings if f.severity in ACTIONABLE]
     observed = (facts.get("job") or {}).get("observed_state") or ""
     if actionable:
@@ -79,7 +127,10 @@ def verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict[
             culprits = f" on rank{'s' if len(top.ranks) > 1 else ''} {format_ranks(top.ranks)}"
         if top.hosts:
             culprits += f" ({', '.join(top.hosts[:4])}{'...' if len(top.hosts) > 4 else ''})"
-        return {"state": state, "summary": f"{top.title}{culprits}: {top.summary}", "cause": top.cause}
+        # A low-severity finding that cannot tell the job's state (partial evidence) is a lead,
+        # and the headline says so rather than stating the cause as fact.
+        lead = "Possible cause, not confirmed: " if top.severity == "low" and top.state == "unknown" else ""
+        return {"state": state, "summary": f"{lead}{top.title}{culprits}: {top.summary}", "cause": top.cause}
     if evaluable == 0 or not facts.get("evidence", {}).get("kinds"):
         return {"state": observed if observed in ("hung", "crashed") else "unknown",
                 "summary": "Not enough evidence to judge: no rule could be evaluated on what was found.",
@@ -94,7 +145,8 @@ def verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict[
         what = trouble.get("what") or "errors"
         what = what if len(what) <= 160 else what[:159].rstrip() + "…"
         return {"state": trouble.get("state") or "unknown", "cause": "",
-                "summary": f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
+                "summary": trouble.get("summary")  # a kind may word it itself (the check kind: all skipped)
+                or f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
     if (facts.get("evidence") or {}).get("incomplete") and observed in ("", "progressing"):
         return {"state": "unknown", "cause": "",
                 "summary": "No rule fired on what was read, but part of the evidence was left unread "

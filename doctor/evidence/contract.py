@@ -173,6 +173,11 @@ class Probe:
     shows_state: ClassVar[bool] = False
     #: Order in which probes are asked for ``observed_state`` (lower first; first answer wins).
     state_order: ClassVar[int] = 50
+    #: What this kind would settle about a stuck or failing job, and the command that gathers
+    #: it, in one sentence ("every rank's Python stack: py-spy dump --pid PID on each rank").
+    #: With no rule fired on partial evidence, the verdict names the absent kinds through this
+    #: rather than just "nothing found"; the engine never names a kind itself.
+    settles: ClassVar[str] = ""
 
     def sniff(self, sample: Sample) -> bool:
         """Is this file evidence of my kind? Decide from content; names are only hints."""

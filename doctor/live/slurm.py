@@ -335,16 +335,17 @@ def _last_line(path: Path) -> str:
 def run_fanout(job_id: str, nodes: list[str], node_expr: str, shared: Path, merger: Merger, deadline: float,
                node_timeout: float, env: dict[str, str], trace: Trace, result: FanOut | None = None,
                requests: list[tuple[str, dict[str, Any]]] | None = None, symptom: str | None = None,
-               duration: float = 10.0) -> FanOut:
+               duration: float = 10.0, command: list[str] | None = None) -> FanOut:
     """One srun over ``nodes``; merge fragments as they complete; stop at ``deadline``.
 
     ``requests``: a follow-up round (only these probe runs on each node, via the collector's
-    environment); its artifacts replace the first pass's files of the same name.
+    environment); its artifacts replace the first pass's files of the same name. ``command``:
+    what each node runs instead of ``mldoctor collect`` (``mldoctor check`` writes a fragment too).
     """
     res = result or FanOut(list(nodes))
     round_dir = Path(tempfile.mkdtemp(prefix="r", dir=shared))
     argv = srun_command(job_id, nodes, node_expr, round_dir, node_timeout,
-                        collect_command(job_id, None if requests else symptom, duration))
+                        command or collect_command(job_id, None if requests else symptom, duration))
     res.srun = argv
     trace.add("srun", shlex.join(argv))
     t0 = time.monotonic()
@@ -434,7 +435,8 @@ def run_fanout(job_id: str, nodes: list[str], node_expr: str, shared: Path, merg
 
 
 def fan_out(info: JobInfo, shared: Path, merger: Merger, node_timeout: float, env: dict[str, str],
-            trace: Trace, symptom: str | None = None, duration: float = 10.0) -> FanOut:
+            trace: Trace, symptom: str | None = None, duration: float = 10.0,
+            command: list[str] | None = None) -> FanOut:
     """Collect on every node; one retry for nodes lost only because srun aborted the step early.
 
     When one node cannot start its task, srun aborts the whole step; the nodes that had not
@@ -444,7 +446,7 @@ def fan_out(info: JobInfo, shared: Path, merger: Merger, node_timeout: float, en
     t0 = time.monotonic()
     deadline = t0 + node_timeout
     res = run_fanout(info.job_id, info.nodes, info.node_expr, shared, merger, deadline, node_timeout, env, trace,
-                     symptom=symptom, duration=duration)
+                     symptom=symptom, duration=duration, command=command)
     innocent = [n for n, why in res.missing.items()
                 if not why.startswith(("srun could not start", "did not answer"))]
     launch_failed = any(why.startswith("srun could not start") for why in res.missing.values())
@@ -454,7 +456,7 @@ def fan_out(info: JobInfo, shared: Path, merger: Merger, node_timeout: float, en
             res.missing.pop(n, None)
         res.retried = list(innocent)
         res = run_fanout(info.job_id, innocent, ",".join(innocent), shared, merger, deadline, node_timeout, env,
-                         trace, res, symptom=symptom, duration=duration)
+                         trace, res, symptom=symptom, duration=duration, command=command)
     res.wall_s = time.monotonic() - t0
     return res
 

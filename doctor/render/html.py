@@ -84,6 +84,8 @@ def _findings(report: Report) -> str:
             rows.append(("hosts", e(", ".join(f.hosts))))
         if f.gpus:
             rows.append(("GPUs", e(", ".join(f.gpus))))
+        if f.missing:
+            rows.append(("missing", e(f.missing)))
         dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
         ev = "".join(f"<li>{e(x)}</li>" for x in f.evidence[:_SHOW_EVIDENCE])
         if len(f.evidence) > _SHOW_EVIDENCE:

@@ -130,6 +130,8 @@ def _finding(i: int, f: Finding, short: bool = False) -> str:
         lines += [f"  - {esc(clip(e))}" for e in f.evidence[:_MAX_EVIDENCE]]
         if len(f.evidence) > _MAX_EVIDENCE:
             lines.append(f"  - ... {len(f.evidence) - _MAX_EVIDENCE} more in report.json")
+    if f.missing:
+        lines.append(f"- **Missing evidence:** {esc(clip(f.missing, 600))}")
     if f.fix and not short:
         lines.append("- **Fix:**")
         lines += [f"  {n}. {esc(clip(s))}" for n, s in enumerate(f.fix[:_MAX_FIX], 1)]

@@ -128,6 +128,7 @@ def sanitize_report(report: Report, redactor: HostRedactor | None = None) -> Rep
         facts=clean_value(report.facts, fn), source=clean_value(report.source, fn),
         not_evaluable=clean_value(report.not_evaluable, fn), rule_errors=clean_value(report.rule_errors, fn),
         probes=clean_value(report.probes, fn), trace=clean_value(report.trace, fn),
+        rule_results=clean_value(report.rule_results, fn),
     )
 
 
@@ -165,6 +166,8 @@ def report_from_json(doc: dict[str, Any]) -> Report:
         verdict=verdict, findings=findings, facts=facts, source=doc.get("source") or {},
         not_evaluable=doc.get("not_evaluable") or [], rule_errors=doc.get("rule_errors") or [],
         probes=doc.get("probes") or [], trace=doc.get("trace") or [],
+        rule_results=doc.get("rule_results") or [],
+        key=doc["incident_key"] if isinstance(doc.get("incident_key"), str) else "",
         timing={k: float(v) for k, v in (doc.get("timing_s") or {}).items() if isinstance(v, (int, float))},
         created=doc.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )

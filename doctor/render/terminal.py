@@ -20,6 +20,8 @@ def render(report: Report, console: Console | None = None, verbose: bool = False
     v = report.verdict
     state = v["state"]
     head = Text.assemble((f" {state.upper()} ", STATE_STYLE.get(state, "bold")), "  ", v["summary"])
+    if v.get("missing"):
+        head.append(f"\nmissing: {v['missing']}", style="dim")
     console.print(Panel(head, title="mldoctor verdict", title_align="left"))
     for i, f in enumerate(report.findings, 1):
         body = [Text(f.summary)]
@@ -40,6 +42,8 @@ def render(report: Report, console: Console | None = None, verbose: bool = False
             body += [Text(f"  - {e}") for e in f.evidence[:8]]
             if len(f.evidence) > 8:
                 body.append(Text(f"  ... {len(f.evidence) - 8} more in the report", style="dim"))
+        if f.missing and i > 1:  # the top finding's is in the verdict panel already
+            body.append(Text(f"missing: {f.missing}", style="dim"))
         if f.fix:
             body.append(Text("fix:", style="bold"))
             body += [Text(f"  {n}. {s}") for n, s in enumerate(f.fix[:4], 1)]

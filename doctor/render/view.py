@@ -244,4 +244,6 @@ def verdict_details(report: Report) -> str:
     if hosts:
         cover += f"; {len(hosts)} host(s)"
     parts.append(cover + ".")
+    if v_missing := str(report.verdict.get("missing") or ""):
+        parts.append(f"Missing evidence: {v_missing}")
     return " ".join(p for p in parts if p)

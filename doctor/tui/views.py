@@ -87,6 +87,9 @@ def finding_detail(f: Finding) -> Text:
             t.append(f" - {e}\n")
         if len(f.evidence) > 12:
             t.append(f" ... {len(f.evidence) - 12} more in the report\n")
+    if f.missing:
+        t.append("\nMissing evidence:\n", style="bold")
+        t.append(f" {f.missing}\n")
     if f.fix:
         t.append("\nFix:\n", style="bold")
         for n, step in enumerate(f.fix, 1):

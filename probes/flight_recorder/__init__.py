@@ -94,6 +94,9 @@ class FlightRecorderProbe(Probe):
     live_first_round: ClassVar[bool] = True
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"flight_recorder": {}}
     shows_state: ClassVar[bool] = True
+    settles: ClassVar[str] = ("flight-recorder dumps name the collective each rank last issued and who never joined: "
+                             "TORCH_FR_BUFFER_SIZE=2000 (older torch: TORCH_NCCL_TRACE_BUFFER_SIZE) plus "
+                             "TORCH_NCCL_DUMP_ON_TIMEOUT=1, files at TORCH_FR_DUMP_TEMP_FILE<rank>")
     max_bytes: ClassVar[int] = MAX_BYTES
     fixtures: ClassVar[tuple[str, ...]] = (
         "tests/fixtures/evidence/*/fr/fr_rank*.pkl",

@@ -192,12 +192,33 @@ def _map_status_keys(status_keys: list[str], config_names: list[str], known: dic
     return out
 
 
+_TRAILING_RANK = re.compile(r"(\d{1,6})$")
+
+
+def rank_from_dump_name(rel: str) -> int | None:
+    """The rank torch appended to the dump's file name, after any prefix, or None.
+
+    Why: torch's dumps carry no rank key; it writes each to ``<TORCH_FR_DUMP_TEMP_FILE><rank>``,
+    and the prefix is whatever the job set (``/tmp/nccl_trace_rank_``, ``/scratch/job7_fr``). The
+    generic name hints only know ``rank3``/``_dump_3``; a dump is recognized by its content, so its
+    name's trailing digits can only be the rank (a ``.pkl``/``.json`` added on copy is ignored).
+    """
+    name = rel.replace("\\", "/").rsplit("/", 1)[-1].split(" ", 1)[0]
+    for ext in (".pkl", ".pickle", ".json"):
+        if name.lower().endswith(ext):
+            name = name[: -len(ext)]
+    m = _TRAILING_RANK.search(name)
+    return int(m.group(1)) if m else None
+
+
 def load_dump(raw: bytes, rel: str, hints: Hints) -> Dump:
     """Decode one dump (pickle or JSON) into a :class:`Dump`; ``EvidenceError`` when unusable."""
     fmt, obj, raw_entries = _decode(raw, rel)
     rank = _as_int(obj.get("rank"))
     if rank is None or rank < 0:
         rank = hints.rank
+    if rank is None:
+        rank = rank_from_dump_name(rel)
     if rank is None:
         raise EvidenceError(rel, "flight-recorder dump without a rank (no 'rank' key and none in the file name)")
     notes: list[str] = []

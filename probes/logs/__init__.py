@@ -58,6 +58,8 @@ class LogsProbe(Probe):
     live_first_round: ClassVar[bool] = True
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"logs": {}, "nccl_log": {}}
     shows_state: ClassVar[bool] = True
+    settles: ClassVar[str] = ("every rank's log (the launcher's output, or torchrun --log-dir files) names the first "
+                             "failure and which rank stopped talking; NCCL_DEBUG=INFO adds the NCCL side")
     max_bytes: ClassVar[int] = 1 << 40  # streamed: size costs time, never memory
     fixtures: ClassVar[tuple[str, ...]] = (
         "tests/fixtures/logs/*/*.log",

@@ -11,7 +11,9 @@ Reads what training jobs already write, with any reasonable column names (``loss
   decoded here: no TensorFlow, no protobuf package),
 - trainer log lines: HF Trainer dicts, Megatron ``iteration N/M | lm loss: ...`` lines,
   DeepSpeed overflow messages, Lightning progress bars, and ``step N ... loss X`` lines
-  (nanoGPT, llm.c and most hand-written loops).
+  (nanoGPT, llm.c and most hand-written loops); any other line of ``key: value`` / ``key=value``
+  / ``| key value |`` cells, tqdm postfixes, Keras bars, epoch summaries, Markdown tables and
+  pasted before/after timings through one fallback grammar (``readers/kvline.py``).
 
 Each file becomes one or more :class:`~doctor.probes.metrics.detect.Series` (per run, per rank),
 kept apart; ``build`` runs the detectors of :mod:`~doctor.probes.metrics.detect` and folds them
@@ -59,9 +61,9 @@ class MetricsProbe(Probe):
     name: ClassVar[str] = "metrics"
     title: ClassVar[str] = "Training metrics"
     collects: ClassVar[str] = (
-        "Loss, grad norm, learning rate, fp16 loss scale, skipped steps, step and data time from "
-        "CSV/JSONL/JSON, TensorBoard event files and trainer log lines (HF, Megatron, DeepSpeed, "
-        "Lightning); only numbers and metric names are kept."
+        "Loss, grad norm, learning rate, fp16 loss scale, skipped steps, step and data time, throughput "
+        "from CSV/JSONL/JSON, TensorBoard event files and log lines or pastes of any key-value shape "
+        "(HF, Megatron, DeepSpeed, Lightning, fairseq, Keras, tables); only numbers and metric names are kept."
     )
     priority: ClassVar[int] = 70  # specific shapes; ahead of generic text-log readers
     also_reads: ClassVar[frozenset[str] | None] = frozenset({"logs"})  # trainer text logs only
@@ -241,6 +243,23 @@ class MetricsProbe(Probe):
         "metrics.data_time.n": "int: data times read",
         "metrics.data_time.unit": "string: always s",
         "metrics.data_time.series": "string: series it was read from",
+        "metrics.step_time.first": "float: first step time read (seconds)",
+        "metrics.step_time.last": "float: last step time read (seconds); with first, a pasted before/after",
+        "metrics.data_time.first": "float: first data-loading time read (seconds)",
+        "metrics.data_time.last": "float: last data-loading time read (seconds)",
+        "metrics.throughput": "map: items (samples, tokens, words) per second of the series with the most such rows: "
+                              "median, p90, mean, min, max, n, first, last, last_over_first, unit, series",
+        "metrics.throughput.median": "float: median items per second",
+        "metrics.throughput.p90": "float: 90th percentile items per second",
+        "metrics.throughput.mean": "float: mean items per second",
+        "metrics.throughput.min": "float: lowest items per second",
+        "metrics.throughput.max": "float: highest items per second",
+        "metrics.throughput.n": "int: throughput values read",
+        "metrics.throughput.first": "float: first throughput read",
+        "metrics.throughput.last": "float: last throughput read",
+        "metrics.throughput.last_over_first": "float: last / first (0.25: a fall to a quarter)",
+        "metrics.throughput.unit": "string: always 'per s' (items as logged: samples, tokens or words)",
+        "metrics.throughput.series": "string: series it was read from",
         "metrics.data_time_share": "float: sum(data_time) / sum(step_time) (assumes step time includes data loading), 0-1",
         "metrics.curves": "map<string,map>: downsampled curves for charts per metric (loss, grad_norm, lr, loss_scale): series, steps, values",
         "metrics.curves[].series": "string: series the curve comes from",

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 METRICS = ("loss", "grad_norm", "lr", "loss_scale", "step_time", "data_time", "skipped",
-           "nan_iters", "epoch", "consumed")
+           "nan_iters", "epoch", "consumed", "throughput")
 
 
 @dataclass(frozen=True)
@@ -585,7 +585,9 @@ def restarts(s: Series, p: Params) -> list[dict[str, Any]]:
 
 
 def timing(s: Series) -> dict[str, Any]:
-    """Step-time and data-time summaries (seconds) and the share of time spent waiting for data."""
+    """Step-time and data-time summaries (seconds), the share of time spent waiting for data, and
+    throughput (items per second) with its first and last values: a pasted "before/after" is
+    two points, and the change between them is the whole story."""
     res: dict[str, Any] = {}
     st_time = s.cols.get("step_time")
     dt = s.cols.get("data_time")
@@ -595,7 +597,17 @@ def timing(s: Series) -> dict[str, Any]:
             return None
         vs = sample(v)
         return {"median": _f(np.median(vs)), "p90": _f(np.percentile(vs, 90)), "mean": _f(v.mean()),
-                "max": _f(v.max()), "n": int(len(v)), "unit": "s"}
+                "max": _f(v.max()), "n": int(len(v)), "unit": "s", "first": _f(v[0]), "last": _f(v[-1])}
+
+    tp = s.cols.get("throughput")
+    if tp is not None:
+        with np.errstate(invalid="ignore"):
+            sm = summary(tp, np.isfinite(tp) & (tp > 0))
+        if sm:
+            sm["unit"] = "per s"
+            sm["min"] = _f(float(np.min(tp[np.isfinite(tp) & (tp > 0)])))
+            sm["last_over_first"] = _f(sm["last"] / sm["first"], 4)  # both > 0: only positive values kept
+            res["throughput"] = sm
 
     if st_time is not None:
         with np.errstate(invalid="ignore"):

@@ -84,6 +84,7 @@ def summarize(series: list[Series], params: Params) -> dict[str, Any]:
     if main_loss:
         _plateau(main_loss, facts, events, params)
     _timing(results, facts)
+    _throughput(results, facts)
     _summaries(facts)
     facts["events"] = events.ordered(params.max_events)
     facts["curves"] = _curves(series, results, order, main_loss)
@@ -266,6 +267,14 @@ def _timing(results: list[Result], facts: dict[str, Any]) -> None:
     dt = [r for r in results if r.get("data_time")]
     if dt:
         facts["data_time"] = dt[0]["data_time"] | {"series": dt[0]["name"]}
+
+
+def _throughput(results: list[Result], facts: dict[str, Any]) -> None:
+    """Items per second of the series with the most such rows (samples, tokens or words/s)."""
+    tp = [r for r in results if r.get("throughput")]
+    if tp:
+        r = max(tp, key=lambda r: r["throughput"]["n"])
+        facts["throughput"] = r["throughput"] | {"series": r["name"]}
 
 
 def _summaries(facts: dict[str, Any]) -> None:

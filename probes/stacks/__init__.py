@@ -68,6 +68,9 @@ class StacksProbe(Probe):
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {
         "stacks": {}, "stacks_native": {"native": True}, "stacks_workers": {"workers": True}}
     shows_state: ClassVar[bool] = True
+    settles: ClassVar[str] = ("every rank's stack tells where each one is (in a collective, data loading, I/O, a lock, "
+                             "a CUDA wait): py-spy dump --pid PID on each rank, twice 10 s apart "
+                             "(--native for C frames), or mldoctor diagnose --pid")
     state_order: ClassVar[int] = 30
     max_bytes: ClassVar[int] = 64 * 1024 * 1024
     fixtures: ClassVar[tuple[str, ...]] = (

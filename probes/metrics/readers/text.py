@@ -1,6 +1,8 @@
 """Trainer log lines: HF Trainer dicts, Megatron ``iteration N/M |`` lines, DeepSpeed and apex
 loss-scale messages, Lightning progress bars and ``step N ... loss X`` lines (nanoGPT, llm.c and
-most hand-written loops).
+most hand-written loops); any other shape (fairseq, Keras, mmengine, epoch summaries, Markdown
+tables, pasted before/after timings) through the fallback grammar of :mod:`.kvline`, tried last
+so the known formats keep their exact readings.
 
 These logs belong to the logs probe; metrics reads them too (``also_sniff``), so the sniffer
 here must say yes only to logs that really carry per-step metrics, not to any log that says "loss".
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from doctor.probes.metrics.names import canonical
+from doctor.probes.metrics.readers import kvline
 from doctor.probes.metrics.rows import LINE_FORMAT_MAX, Rows, parse_number
 
 from doctor.evidence.contract import Hints, Sample
@@ -37,13 +40,24 @@ _DS_REDUCE = re.compile(r"Reducing dynamic loss scale from\s*(" + _NUMRE + r")\s
 _DS_MIN = re.compile(r"Current loss scale already at minimum", re.I)
 _HF_TOTAL = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
 _HF_EPOCHS = re.compile(r"Num Epochs\s*=\s*([\d,]+)")
-_WORDS = ("loss", "norm", "lr", "learning", "scale", "overflow", "iteration", "step", "epoch")
+_WORDS = ("loss", "norm", "lr", "learning", "scale", "overflow", "iteration", "step", "epoch", "/s", "s/it",
+          "time", "throughput", "wps")
 #: A cheap byte test run before the line parsers: no such word, no metric line.
-KEY_BYTES = re.compile(rb"[Ll]oss|LOSS|[Oo]verflow|OVERFLOW|grad[_ ]norm")
+KEY_BYTES = re.compile(rb"[Ll]oss|LOSS|[Oo]verflow|OVERFLOW|grad[_ ]norm|gnorm|it/s|s/it|[Tt]hroughput|"
+                       rb"(?:samples|tokens|tok)/s|[Dd]ata[_ ]time")
+#: Kinds read by the fallback grammar (:mod:`kvline`): a file read only through them must show
+#: a metric more than once, with rows that differ, before it is a series (a config dump is not).
+_LOOSE = frozenset({"generic", "table", "change"})
+#: A file is a metrics series when it carries one of these (an lr alone says nothing).
+_SERIES_METRICS = ("loss", "grad_norm", "loss_scale", "step_time", "throughput", "data_time")
 
 
-def _line_metrics(body: str) -> tuple[str, int | None, dict[str, float]] | None:
-    """One log line -> (kind, step or None, canonical metrics); None when it holds none."""
+LineMetrics = tuple[str, int | None, dict[str, float], list[dict[str, float]]]
+
+
+def _line_metrics(body: str, epoch: int | None = None) -> LineMetrics | None:
+    """One log line -> (kind, step or None, canonical metrics, further points on the same line);
+    None when it holds none. Only a before/after paste has further points."""
     m = _MEGATRON.search(body)
     if m:
         vals: dict[str, float] = {}
@@ -59,7 +73,7 @@ def _line_metrics(body: str) -> tuple[str, int | None, dict[str, float]] | None:
             except ValueError:
                 continue
             vals.setdefault(c[0], v * c[1])
-        return "megatron", int(m.group(1)), vals
+        return "megatron", int(m.group(1)), vals, []
     if _HF_DICT.search(body):
         keys = dict(_HF_PAIR.findall(body))
         if "train_runtime" in keys or any(k.startswith("eval_") for k in keys):
@@ -73,7 +87,7 @@ def _line_metrics(body: str) -> tuple[str, int | None, dict[str, float]] | None:
                 step = int(float(raw))
             elif c[0] not in ("rank", "run", "wall"):
                 vals.setdefault(c[0], parse_number(raw) * c[1])
-        return ("hf", step, vals) if vals else None
+        return ("hf", step, vals, []) if vals else None
     m = _TQDM.search(body)
     if m:
         vals = {}
@@ -84,7 +98,8 @@ def _line_metrics(body: str) -> tuple[str, int | None, dict[str, float]] | None:
         if vals:
             step = int(m.group(1)) * int(m.group(3)) + int(m.group(2))
             vals["epoch"] = float(m.group(1))
-            return "lightning", step, vals
+            _extras(body, vals)
+            return "lightning", step, vals, []
         return None
     m = _STEP.search(body)
     if m:
@@ -99,18 +114,34 @@ def _line_metrics(body: str) -> tuple[str, int | None, dict[str, float]] | None:
                 continue
             vals.setdefault(c[0], v * (1e-3 if ms else c[1]))
         if "loss" in vals or "grad_norm" in vals or "loss_scale" in vals:
-            return "steps", int(m.group(1)), vals
-    return None
+            _extras(body, vals)
+            return "steps", int(m.group(1)), vals, []
+    g = kvline.parse(body, epoch)
+    if g is None:
+        return None
+    if g.points:
+        return "change", None, g.points[0], g.points[1:]
+    return "generic", g.step, g.vals, []
 
 
-def _is_metric_line(line: str) -> bool:
+def _extras(body: str, vals: dict[str, float]) -> None:
+    """Metrics a known format's parser leaves out (a tqdm rate, a ``3.1 it/s`` cell): added by
+    unit, never overriding what the format's own parser read."""
+    if "/s" not in body and "s/it" not in body and "/step" not in body:
+        return  # only a rate is ever missing: a format's own parser reads its named cells
+    for k, v in kvline.rates(body).items():
+        vals.setdefault(k, v)
+
+
+def _metric_line(line: str) -> LineMetrics | None:
+    """What a line holds, for the sniffer: a DeepSpeed message counts as a known format."""
     low = line.lower()
     if not any(w in low for w in _WORDS):
-        return False
+        return None
     if _DS_ATTEMPT.search(line) or _DS_OVERFLOW_ITER.search(line) or _DS_REDUCE.search(line):
-        return True
+        return "deepspeed", None, {}, []
     body = _RANK_PREFIX.sub("", line, count=1)
-    return _line_metrics(body) is not None
+    return _line_metrics(body)
 
 
 def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
@@ -123,10 +154,19 @@ def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
     ordinal: dict[int | None, int] = {}
     kinds: dict[int | None, set[str]] = {}
     hf_total = hf_epochs = None
+    table: kvline.Table | None = None
+    epoch: int | None = None  # the last Keras "Epoch 5/10" header
     with open(path, encoding="utf-8", errors="replace", newline="") as fh:
         for raw in fh:
             for line in raw.replace("\r", "\n").split("\n"):
                 if not line:
+                    continue
+                if table is not None or line.lstrip().startswith("|"):
+                    table = _table_line(line, table, per_rank.setdefault(hints.rank, Rows()), ordinal, kinds, hints)
+                    if table is not None:
+                        continue
+                if line.startswith("Epoch") and (e := kvline.epoch_header(line)) is not None:
+                    epoch = e
                     continue
                 if hf_total is None and "Total optimization steps" in line:
                     mt = _HF_TOTAL.search(line)
@@ -149,10 +189,10 @@ def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
                 if _ds_line(body, rows):
                     kinds.setdefault(rank, set()).add("deepspeed")
                     continue
-                got = _line_metrics(body)
+                got = _line_metrics(body, epoch)
                 if got is None:
                     continue
-                kind, step, vals = got
+                kind, step, vals, more = got
                 kinds.setdefault(rank, set()).add(kind)
                 if step is None:
                     ordinal[rank] = ordinal.get(rank, 0) + 1
@@ -160,9 +200,14 @@ def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
                 if kind == "megatron" and vals.get("nan_iters", 0) > 0 and "loss" not in vals:
                     vals["loss"] = math.nan  # Megatron drops the NaN loss from the line, counts it here
                 rows.add(step, vals)
+                for point in more:
+                    ordinal[rank] = ordinal.get(rank, 0) + 1
+                    rows.add(ordinal[rank], point)
     out = []
     for rank, rows in per_rank.items():
-        if not rows.steps or not any(m in rows.vals for m in ("loss", "grad_norm", "loss_scale", "step_time")):
+        if not rows.steps or not any(m in rows.vals for m in _SERIES_METRICS):
+            continue
+        if kinds.get(rank, set()) <= _LOOSE and not _looks_like_a_run(rows):
             continue
         step_from = "column"
         if rank in ordinal:
@@ -175,6 +220,36 @@ def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
     if not out:
         raise EvidenceError(rel, "no training-metric lines (loss, grad norm, loss scale) found")
     return out
+
+
+def _table_line(line: str, table: kvline.Table | None, rows: Rows, ordinal: dict[int | None, int],
+                kinds: dict[int | None, set[str]], hints: Hints) -> kvline.Table | None:
+    """A Markdown table (``| step | loss |``) row by row; returns the table still open, or None
+    when this line is not part of one (the caller reads it as an ordinary line then)."""
+    if table is None:
+        return kvline.table_header(line)
+    got = kvline.table_row(table, line)
+    if got is None:
+        return kvline.table_header(line)
+    if got is True or not table.seen_rule:
+        return table
+    assert isinstance(got, kvline.Parsed)
+    step = got.step
+    if step is None:
+        ordinal[hints.rank] = ordinal.get(hints.rank, 0) + 1
+        step = ordinal[hints.rank]
+    rows.add(step, got.vals)
+    kinds.setdefault(hints.rank, set()).add("table")
+    return table
+
+
+def _looks_like_a_run(rows: Rows) -> bool:
+    """A series read only by the fallback grammar is a run's record when a metric other than the
+    learning rate was logged at least twice and not every row is the same (a config printed by each rank is)."""
+    if not any(len(rows.vals.get(m, ())) >= 2 for m in _SERIES_METRICS):
+        return False
+    seen = {tuple(sorted((m, d.get(i)) for m, d in rows.vals.items())) for i in range(len(rows.steps))}
+    return len(seen) > 1
 
 
 def _steps_from_epoch(rows: Rows, steps_per_epoch: float) -> str | None:
@@ -204,8 +279,14 @@ def _ds_line(body: str, rows: Rows) -> bool:
         if rows.marks and rows.marks[-1].get("kind") == "overflow" and rows.marks[-1].get("scale") is None:
             step = rows.marks[-1]["step"]  # "Grad overflow on iteration N" came first
             rows.marks[-1]["scale"] = True
-        elif step is not None:
-            rows.marks.append({"kind": "overflow", "step": step, "scale": True})
+        else:
+            last = rows.marks[-1] if rows.marks else {}
+            if step is None or (last.get("numbered") and last.get("step") == step):
+                # A paste of overflow messages alone: number them in order.
+                step = (step or 0) + 1
+                rows.marks.append({"kind": "overflow", "step": step, "scale": True, "numbered": True})
+            else:
+                rows.marks.append({"kind": "overflow", "step": step, "scale": True})
         if step is not None:
             row = rows.row_for(step)
             rows.put(row, "loss_scale", parse_number(m.group(1)))
@@ -218,6 +299,13 @@ def _ds_line(body: str, rows: Rows) -> bool:
 
 
 def looks_text(sample: Sample) -> bool:
+    """A training log or a metrics paste: enough lines that are metric records.
+
+    Lines of a known trainer format count one each; a before/after paste counts two (it holds
+    two points); a Markdown table with a metric column is enough by itself. Lines read only by
+    the fallback grammar count when, together, they look like a run (some metric twice, rows
+    not all equal), so a config dump that prints ``lr: 3e-4`` on every rank does not.
+    """
     lines = [ln for ln in sample.text.replace("\r", "\n").split("\n")[:2000] if ln.strip()]
     if not lines:
         return False
@@ -225,9 +313,37 @@ def looks_text(sample: Sample) -> bool:
     # counts with two, since every line of it was chosen.
     need = 2 if len(lines) <= 40 else 3
     hits = 0
+    loose: list[dict[str, float]] = []
+    table: kvline.Table | None = None
     for ln in lines:
-        if _is_metric_line(ln):
-            hits += 1
-            if hits >= need:
-                return True
+        if table is not None or ln.lstrip().startswith("|"):
+            if table is None:
+                table = kvline.table_header(ln)
+            else:
+                row = kvline.table_row(table, ln)
+                if isinstance(row, kvline.Parsed) and table.seen_rule:
+                    return True
+                table = table if row is True else kvline.table_header(ln)
+            if table is not None:
+                continue
+        got = _metric_line(ln)
+        if got is None:
+            continue
+        if got[0] == "generic":
+            loose.append(got[2])
+        else:
+            hits += 2 if got[0] == "change" else 1
+        if hits + _loose_hits(loose) >= need:
+            return True
     return False
+
+
+def _loose_hits(loose: list[dict[str, float]]) -> int:
+    """How many fallback-grammar lines count: all of them once two differ on a shared metric."""
+    if len(loose) < 2:
+        return 0
+    first = loose[0]
+    for other in loose[1:]:
+        if first.keys() & other.keys() and other != first:
+            return len(loose)
+    return 0

@@ -83,6 +83,7 @@ def assign_members(dumps: list[ProcDump], notes: list[str]) -> tuple[dict[Member
     per: dict[Member, dict[int, ProcDump]] = {}
     workers: dict[int, dict[int | None, ProcDump]] = {}
     dup = 0
+    anonymous = 0  # dumps with neither rank nor pid: each is a member of its own, named stably
     for d in dumps:
         if d.role == "worker":
             if d.rank is None and d.parent is not None:
@@ -96,7 +97,13 @@ def assign_members(dumps: list[ProcDump], notes: list[str]) -> tuple[dict[Member
             continue
         if d.role != "rank" or d.main is None:
             continue
-        member: Member = d.rank if d.rank is not None else f"{d.host or ''}:{d.pid if d.pid is not None else id(d)}"
+        if d.rank is not None:
+            member: Member = d.rank
+        elif d.pid is not None:
+            member = f"{d.host or ''}:{d.pid}"
+        else:  # the same input gives the same facts: a position, never an object id
+            anonymous += 1
+            member = f"{d.host or ''}:{d.path or 'dump'}#{anonymous}"
         snaps2 = per.setdefault(member, {})
         if d.snapshot in snaps2:
             dup += 1

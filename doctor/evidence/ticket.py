@@ -47,6 +47,7 @@ _MARKERS = re.compile(
     r"|\n\[?\d{1,2}:\d\d(?::\d\d)?(?:\s?[AaPp][Mm])?\]?\s+(?:<[\w.@-]+>|[A-Za-z][\w.@-]{0,30}:)\s",
     re.M,
 )
+_JSON_HEAD = re.compile(r"\s*(?:\{\s*\"|\[\s*[\[{\"\]])")  # an object, or an array of them
 #: A folder's own documentation (how the evidence was captured) is not a ticket: read as one,
 #: the log lines it quotes would count twice.
 _PROJECT_DOCS = ("readme", "license", "changelog", "contributing", "notice", "authors")
@@ -297,6 +298,8 @@ def is_document(sample: Sample) -> bool:
     if sample.is_binary or not sample.size or sample.name.lower().startswith(_PROJECT_DOCS):
         return False
     text = sample.text
+    if _JSON_HEAD.match(text):  # a JSON document (a dump, a metrics file) is data, not a ticket
+        return False
     marked = bool(_MARKERS.search("\n" + text))
     name = sample.name.lower()
     if not marked and not (name.endswith(_MARKDOWN_NAMES) or "." not in name):

@@ -200,6 +200,34 @@ def test_job_path_policy(tmp_path, rank):
     assert stat.S_ISREG(os.stat(f).st_mode)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
+def test_dot_dot_never_climbs_above_the_jobs_root(tmp_path):
+    """A job in a container (here: a chroot) names ``/../x``: resolved as the job sees it, it
+    stays inside its root, as the kernel keeps ".." at "/", never the host folder above."""
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    (tmp_path / "outside.txt").write_text("host file\n")
+    (jail / "inside.txt").write_text("job file\n")
+    child = os.fork()
+    if child == 0:  # the child only sleeps in its jail; it never runs pytest code
+        try:
+            os.chroot(jail)
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{child}/root") != str(jail) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert read_job_file("/inside.txt", child, 100)[0] == b"job file\n"
+        for path in ("/../outside.txt", "/../../outside.txt", "../../../../outside.txt"):
+            with pytest.raises(FileNotFoundError):
+                open_job_file(path, child, os.geteuid())
+    finally:
+        os.kill(child, signal.SIGKILL)  # the test's own child, not a job
+        os.waitpid(child, 0)
+
+
 # -- 3. --out ------------------------------------------------------------------------------------
 
 def test_live_out_keeps_what_mldoctor_did_not_write(tmp_path, rank):

@@ -86,9 +86,11 @@ def open_job_file(path: str, pid: int | None, uid: int | None = None) -> int:
             if name == "..":
                 if len(stack) > 1:
                     os.close(stack.pop())
-                else:  # above the starting folder (a relative path): ask the kernel
+                elif not _same_dir(stack[0], root):  # above a relative path's folder: ask the kernel
                     stack[0], old = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=stack[0]), stack[0]
                     os.close(old)
+                # at the process's root ".." stays there, as the kernel does at "/": the host
+                # folders above a container's root are never reached this way
                 continue
             last = not parts
             flags = os.O_NOFOLLOW | os.O_CLOEXEC | (
@@ -128,6 +130,11 @@ def open_job_file(path: str, pid: int | None, uid: int | None = None) -> int:
         for d in stack:
             os.close(d)
         os.close(root)
+
+
+def _same_dir(a: int, b: int) -> bool:
+    sa, sb = os.fstat(a), os.fstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _check(fd: int, path: str, uid: int | None, me: int) -> None:

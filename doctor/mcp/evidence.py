@@ -25,22 +25,15 @@ SCRUB_WHOLE = 16 * 2**20
 
 def _kind_of(path: Path) -> str:
     """The evidence kind that claims the file by content, as diagnosis decides it ('' if none)."""
+    from doctor.engine.facts import dispatch
     from doctor.evidence import plugins
     from doctor.evidence.contract import Sample
 
     try:
-        sample = Sample.read(path)
+        owner, _ = dispatch(Sample.read(path), plugins.probes())
     except OSError:
         return ""
-    if sample.size == 0:
-        return ""
-    for probe in plugins.probes():
-        try:
-            if probe.sniff(sample):
-                return probe.name
-        except Exception:  # a faulty sniff must not hide the file from the others
-            continue
-    return ""
+    return owner.name if owner is not None else ""
 
 
 def _listing(root: Path, bundle: Any) -> list[dict[str, Any]]:

@@ -151,3 +151,18 @@ class SectionContext:
 
     culprit_ranks: set[int] = field(default_factory=set)
     gpus: set[str] = field(default_factory=set)
+
+
+def int_list(values: Any) -> list[int]:
+    """Ranks (or other ids) from a fact that should be a list of ints: ints and digit strings kept
+    (JSON round trips and hand-made files spell them both ways), booleans and anything else
+    dropped. Shared by the probes' section code and the renderers."""
+    out = []
+    for v in values if isinstance(values, list) else []:
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int):
+            out.append(v)
+        elif isinstance(v, str) and v.isdigit():
+            out.append(int(v))
+    return out

@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shlex
 import shutil
 import socket
 import sys
@@ -133,15 +132,9 @@ def _fragment(level: str, path: Path | None, gpus: list[int] | None, nprocs: int
 def node_command(level: str, path: Path | None, skip_gpu: bool, skip_comm: bool) -> list[str]:
     """What srun runs on every node: this installation's ``mldoctor check ... --out -`` (or the
     prefix in ``$MLDOCTOR_SLURM_COLLECT``, the same override the diagnosis fan-out uses)."""
-    from doctor.live.slurm import ENV_COLLECT
+    from doctor.live.slurm import node_command_prefix
 
-    custom = os.environ.get(ENV_COLLECT, "").strip()
-    if custom:
-        prefix = shlex.split(custom)
-    else:
-        exe = Path(sys.executable).with_name("mldoctor")
-        prefix = [str(exe) if exe.exists() else (shutil.which("mldoctor") or "mldoctor")]
-    argv = [*prefix, "check", "--full" if level == "full" else "--quick", "--out", "-", "-q"]
+    argv = [*node_command_prefix(), "check", "--full" if level == "full" else "--quick", "--out", "-", "-q"]
     if path is not None:
         argv += ["--path", str(path)]
     return argv + (["--no-gpu"] if skip_gpu else []) + (["--no-comm"] if skip_comm else [])

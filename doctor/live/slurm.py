@@ -132,15 +132,20 @@ def default_node_timeout(budget: float) -> float:
     return max(MIN_NODE_TIMEOUT_S, min(budget * 0.75, budget - ANALYSIS_RESERVE_S))
 
 
+def node_command_prefix() -> list[str]:
+    """How a node starts mldoctor: ``$MLDOCTOR_SLURM_COLLECT`` when set (a wrapper, a container
+    exec), else this installation's own ``mldoctor`` script."""
+    custom = os.environ.get(ENV_COLLECT, "").strip()
+    if custom:
+        return shlex.split(custom)
+    exe = Path(sys.executable).with_name("mldoctor")
+    return [str(exe) if exe.exists() else (shutil.which("mldoctor") or "mldoctor")]
+
+
 def collect_command(job_id: str, symptom: str | None = None, duration: float = 10.0) -> list[str]:
     """What every node runs: this installation's ``mldoctor collect`` (or ``$MLDOCTOR_SLURM_COLLECT``);
     ``--symptom slow`` makes every node record its sampling window too."""
-    custom = os.environ.get(ENV_COLLECT, "").strip()
-    if custom:
-        prefix = shlex.split(custom)
-    else:
-        exe = Path(sys.executable).with_name("mldoctor")
-        prefix = [str(exe) if exe.exists() else (shutil.which("mldoctor") or "mldoctor")]
+    prefix = node_command_prefix()
     extra = ["--symptom", symptom, "--duration", f"{duration:g}"] if symptom else []
     return [*prefix, "collect", "--slurm-job", job_id, "--out", "-", *extra]
 

@@ -17,7 +17,7 @@ from doctor.engine.report import Report
 from doctor.engine.rule import format_ranks
 from doctor.evidence import plugins
 from doctor.evidence.contract import Probe
-from doctor.evidence.sections import Group, Groups, Section, SectionContext
+from doctor.evidence.sections import Group, Groups, Section, SectionContext, int_list
 
 NO_EVIDENCE = "no evidence"
 
@@ -28,18 +28,6 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _ints(values: Any) -> list[int]:
-    out = []
-    for v in _as_list(values):
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, int):
-            out.append(v)
-        elif isinstance(v, str) and v.isdigit():
-            out.append(int(v))
-    return out
 
 
 def section_context(report: Report) -> SectionContext:
@@ -115,7 +103,7 @@ def rank_states(report: Report) -> dict[int, str]:
             out.setdefault(int(rank_s), "seen")
     job = _as_dict(facts.get("job"))
     ws = job.get("world_size") if isinstance(job.get("world_size"), int) else 0
-    for r in _ints(job.get("ranks_seen")):
+    for r in int_list(job.get("ranks_seen")):
         out.setdefault(r, "seen")
     for r in range(ws or 0):
         out.setdefault(r, NO_EVIDENCE)
@@ -237,7 +225,7 @@ def verdict_details(report: Report) -> str:
     cover = f"Evidence: {ev.get('files', 0)} file(s) ({kinds})"
     if ws:
         cover += f" covering {seen} of {ws} ranks"
-    missing = _ints(job.get("missing_ranks"))
+    missing = int_list(job.get("missing_ranks"))
     if missing:
         cover += f"; no evidence from {ranks_phrase(missing)}"
     hosts = _as_list(job.get("hosts"))

@@ -9,21 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from doctor.evidence.contract import where_label
-from doctor.evidence.sections import Group, Groups, Section, SectionContext
+from doctor.evidence.sections import Group, Groups, Section, SectionContext, int_list
 
 _SCALARS = (str, int, float, bool)
-
-
-def _ints(values: Any) -> list[int]:
-    out = []
-    for v in values if isinstance(values, list) else []:
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, int):
-            out.append(v)
-        elif isinstance(v, str) and v.isdigit():
-            out.append(int(v))
-    return out
 
 
 def frame_text(frame: Any) -> str:
@@ -64,7 +52,7 @@ def stack_groups(facts: dict[str, Any]) -> list[Group]:
         if not isinstance(g, dict):
             continue
         share = g.get("share")
-        ranks = sorted(set(_ints(g.get("ranks"))))
+        ranks = sorted(set(int_list(g.get("ranks"))))
         size = g.get("size") if isinstance(g.get("size"), _SCALARS) else 0
         group = Group(
             id=str(g.get("id") if isinstance(g.get("id"), _SCALARS) and g.get("id") else f"g{i}"),

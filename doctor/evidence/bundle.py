@@ -202,13 +202,17 @@ class Bundle:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        art = Artifact(rel, kind, hashlib.sha256(data).hexdigest(), len(data), host, rank, pid, meta or {})
-        self.manifest["artifacts"] = [a for a in self.manifest["artifacts"] if a["path"] != rel]
+        return self._register(Artifact(rel, kind, hashlib.sha256(data).hexdigest(), len(data), host, rank, pid,
+                                       meta or {}))
+
+    def _register(self, art: Artifact) -> Artifact:
+        """List a written artifact in the manifest (replacing an earlier one at the same path)."""
+        self.manifest["artifacts"] = [a for a in self.manifest["artifacts"] if a["path"] != art.path]
         self.manifest["artifacts"].append(asdict(art))
-        if host and host not in self.manifest["hosts"]:
-            self.manifest["hosts"].append(host)
-        if rank is not None and rank not in self.manifest["ranks"]:
-            self.manifest["ranks"].append(rank)
+        if art.host and art.host not in self.manifest["hosts"]:
+            self.manifest["hosts"].append(art.host)
+        if art.rank is not None and art.rank not in self.manifest["ranks"]:
+            self.manifest["ranks"].append(art.rank)
         return art
 
     def add_artifact_file(
@@ -246,14 +250,7 @@ class Bundle:
                 out.write(piece)
 
             scrub_stream(fh.read, write, text)
-        art = Artifact(rel, kind, h.hexdigest(), size, host, rank, None, meta or {})
-        self.manifest["artifacts"] = [a for a in self.manifest["artifacts"] if a["path"] != rel]
-        self.manifest["artifacts"].append(asdict(art))
-        if host and host not in self.manifest["hosts"]:
-            self.manifest["hosts"].append(host)
-        if rank is not None and rank not in self.manifest["ranks"]:
-            self.manifest["ranks"].append(rank)
-        return art
+        return self._register(Artifact(rel, kind, h.hexdigest(), size, host, rank, None, meta or {}))
 
     def record_probe(self, run: ProbeRun) -> None:
         self.manifest["probes"].append(asdict(run))

@@ -71,18 +71,11 @@ def run_check(level: str = "quick", path: Path | None = None, gpus: list[int] | 
         root = tmp / "bundle"
     bundle = Bundle.create(root, {"type": "check", "host": host, "level": level})
     options = _options(level, path, gpus, nprocs, skip_gpu, skip_comm, io_bytes)
-    ctx = CollectContext(bundle, host, [], options, timeout=900.0, probe_name=KIND)
     if progress is not None:
         progress(f"running the {level} checks on {host}")
-    t0 = time.perf_counter()
-    try:
-        probe.collect(ctx)
-        status, reason = "ok", ""
-    except (ProbeSkipped, ProbeFailed) as exc:
-        status, reason = ("skipped" if isinstance(exc, ProbeSkipped) else "failed"), one_line(exc)
-    took = round(time.perf_counter() - t0, 3)
-    bundle.record_probe(ProbeRun(KIND, status, reason, took, host, ctx.written))
-    trace.add("check", f"{level} checks on {host}: {status} in {took:.1f} s" + (f" ({reason})" if reason else ""))
+    run = _run_checks(probe, bundle, host, options)
+    trace.add("check", f"{level} checks on {host}: {run.status} in {run.duration_s:.1f} s"
+              + (f" ({run.reason})" if run.reason else ""))
     source = {"type": "check", "host": host, "level": level}
     try:
         report = analyze(facts_mod.items_from_bundle(bundle), source, None, list(bundle.manifest["probes"]),
@@ -91,6 +84,21 @@ def run_check(level: str = "quick", path: Path | None = None, gpus: list[int] | 
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_checks(probe: Any, bundle: Bundle, host: str, options: dict[str, Any]) -> ProbeRun:
+    """Run the check kind once into ``bundle`` and record how it went (a skipped or failed run
+    is recorded with its reason, never raised: the report says it)."""
+    ctx = CollectContext(bundle, host, [], options, timeout=900.0, probe_name=KIND)
+    t0 = time.perf_counter()
+    try:
+        probe.collect(ctx)
+        status, reason = "ok", ""
+    except (ProbeSkipped, ProbeFailed) as exc:
+        status, reason = ("skipped" if isinstance(exc, ProbeSkipped) else "failed"), one_line(exc)
+    run = ProbeRun(KIND, status, reason, round(time.perf_counter() - t0, 3), host, ctx.written)
+    bundle.record_probe(run)
+    return run
 
 
 def _options(level: str, path: Path | None, gpus: list[int] | None, nprocs: int | None, skip_gpu: bool,
@@ -110,15 +118,7 @@ def _fragment(level: str, path: Path | None, gpus: list[int] | None, nprocs: int
     try:
         root = tmp / f"fragment-{host}"
         bundle = Bundle.create(root, {"type": "fragment", "host": host, "check": level})
-        ctx = CollectContext(bundle, host, [], _options(level, path, gpus, nprocs, skip_gpu, skip_comm, io_bytes),
-                             timeout=900.0, probe_name=KIND)
-        t0 = time.perf_counter()
-        try:
-            probe.collect(ctx)
-            status, reason = "ok", ""
-        except (ProbeSkipped, ProbeFailed) as exc:
-            status, reason = ("skipped" if isinstance(exc, ProbeSkipped) else "failed"), one_line(exc)
-        bundle.record_probe(ProbeRun(KIND, status, reason, round(time.perf_counter() - t0, 3), host, ctx.written))
+        _run_checks(probe, bundle, host, _options(level, path, gpus, nprocs, skip_gpu, skip_comm, io_bytes))
         bundle.save()
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:

@@ -442,7 +442,29 @@ def summarize_sealed(rows: list[dict[str, Any]], cases: list[Case]) -> dict[str,
                 b[key][0] += bool(fr[key])
                 b[key][1] += 1
     out["batches_first_sight"] = batches
+    out["miss_shapes"] = miss_shapes(rows)
     return out
+
+
+def miss_shapes(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How the wrong answers look, counted over the split: whether mldoctor read nothing at all,
+    read evidence but named no cause, or named the wrong one. Aggregate only, so it guides general
+    reading work (the first two are gaps in breadth, the last in reasoning) without pointing at a
+    single case."""
+    shapes = {"nothing_read": 0, "read_no_finding": 0, "wrong_cause": 0, "alarm_on_healthy": 0}
+    for r in rows:
+        if r["right"]:
+            continue
+        got = r["got"]
+        if r["truth"]["cause"] is None:
+            shapes["alarm_on_healthy"] += 1
+        elif not got["kinds"]:
+            shapes["nothing_read"] += 1
+        elif not got["top"]:
+            shapes["read_no_finding"] += 1
+        else:
+            shapes["wrong_cause"] += 1
+    return shapes
 
 
 def record_first_run(cases: list[Case]) -> str:
@@ -844,6 +866,12 @@ def _render_sealed(ss: dict[str, Any]) -> list[str]:
           "| batch | cases | first sight top-1 | first sight top-3 | first sight right |", "| --- | --- | --- | --- | --- |"]
     for name, b in sorted(ss.get("batches_first_sight", {}).items()):
         L.append(f"| {name} | {b['n']} | {_pct(b['top1'])} | {_pct(b['top3'])} | {_pct(b['right'])} |")
+    shapes = ss.get("miss_shapes")
+    if shapes:
+        L += ["", "What today's wrong answers look like (counts over the split): "
+              f"nothing read at all {shapes['nothing_read']}, evidence read but no cause named "
+              f"{shapes['read_no_finding']}, a wrong cause named {shapes['wrong_cause']}, "
+              f"an alarm on a healthy case {shapes['alarm_on_healthy']}."]
     return L + [""]
 
 

@@ -272,12 +272,14 @@ class SlurmProbe(Probe):
     # -- offline ---------------------------------------------------------------------------------
     def sniff(self, sample: Sample) -> bool:
         text = sample.text.lstrip()
-        head = text[:400]
-        top = text[:4096]
-        # Every shape below names a job id column or field in its first lines: one scan each
-        # rules out most files (this runs on every file of a folder) before any line is split.
-        if "JobId=" not in top and "JobID" not in top and "JOBID" not in top and FANOUT_SCHEMA not in head:
+        # Every shape below names a job id column or field in its first lines: one bounded scan
+        # each rules out most files (this runs on every file of a folder) before any line is split.
+        # All three names hold a "J", found at memchr speed: most files have none.
+        if (text.find("J", 0, 4096) == -1 or (text.find("JobId=", 0, 4096) == -1 and text.find("JobID", 0, 4096) == -1
+                                              and text.find("JOBID", 0, 4096) == -1)) \
+                and text.find(FANOUT_SCHEMA, 0, 400) == -1:
             return False
+        head = text[:400]
         if head.startswith("{") and FANOUT_SCHEMA in head:
             return True
         if head.startswith("JobId=") and "JobState=" in text[:4000]:

@@ -85,9 +85,14 @@ class SystemProbe(Probe):
     }
 
     def sniff(self, sample: Sample) -> bool:
-        t = sample.text[:4000]
-        return (SCHEMA in t[:400] or ("Max locked memory" in t and "Max open files" in t)
-                or ("max locked memory" in t and "open files" in t and "(-n)" in t))
+        # bounded finds over the first 4000 characters: no copy of the head per file
+        t = sample.text
+        if t.find("locked memory", 0, 4000) == -1:  # both limit tables name it: one scan for most files
+            return t.find(SCHEMA, 0, 400) != -1
+        return (t.find(SCHEMA, 0, 400) != -1
+                or (t.find("Max locked memory", 0, 4000) != -1 and t.find("Max open files", 0, 4000) != -1)
+                or (t.find("max locked memory", 0, 4000) != -1 and t.find("open files", 0, 4000) != -1
+                    and t.find("(-n)", 0, 4000) != -1))
 
     def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
         text = path.read_text(errors="replace")

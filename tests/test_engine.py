@@ -97,11 +97,18 @@ def test_rules_test_and_lint_pass():
 
 
 def test_missing_evidence_is_inconclusive(tmp_path):
+    """A note with only the reporter's words: read as prose (the state they report, no cause),
+    inconclusive (exit 3) because nothing in it can name a cause; a file nothing reads is listed."""
     (tmp_path / "notes.txt").write_text("the job hung again, no idea why\n")
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)) * 4)
     report = diagnose_json(tmp_path)
-    assert report["verdict"]["state"] == "unknown"
-    assert report["evidence"]["ignored"] == ["notes.txt"]
+    assert report["verdict"]["state"] == "hung" and not report["verdict"].get("cause")
+    assert not report["findings"]
+    assert report["evidence"]["kinds"] == ["symptoms"]
+    assert report["evidence"]["ignored"] == ["data.bin"]
     assert mldoctor("diagnose", "--from", str(tmp_path)).returncode == 3
+    (tmp_path / "notes.txt").write_text("no idea what is going on with this cluster\n")
+    assert diagnose_json(tmp_path)["verdict"]["state"] == "unknown"
 
 
 def test_bad_path_is_one_line_exit_2(tmp_path):

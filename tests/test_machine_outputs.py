@@ -40,3 +40,17 @@ def test_rule_results_keep_not_evaluable_apart_from_passed() -> None:
     assert not by_status["not_evaluable"] & by_status["passed"]
     assert {f["rule"] for f in doc["findings"]} <= by_status["fired"]
     assert all(r["reason"] for r in doc["rule_results"] if r["status"] == "not_evaluable")
+
+def test_human_reports_carry_the_same_incident_key() -> None:
+    """A ticket carries report.md or report.html, not report.json: the key must be findable there
+    too, and must be the JSON's, also for a report re-read from its JSON."""
+    from doctor.render.html import render_html
+    from doctor.render.markdown import render_markdown
+
+    report = diagnose_path(NVRX / "lock_gil_1st")
+    key = report.to_json()["incident_key"]
+    assert key.startswith("mldi-")
+    assert f"`{key}`" in render_markdown(report)
+    assert f'<code class="incident-key">{key}</code>' in render_html(report)
+    reread = report_from_json(report.to_json())
+    assert f"`{key}`" in render_markdown(reread)

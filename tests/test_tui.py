@@ -247,7 +247,7 @@ def test_browser_ranks_stacks_env_trace_show_text_markers() -> None:
         await pilot.press("t")
         text = screen_text(app)
         assert "What mldoctor checked, in order:" in text
-        assert re.search(r"fired: FR003\s+\(collective_mismatch\)", text)
+        assert re.search(r"fired:\s+FR003\s+\(collective_mismatch\)", text)  # may wrap at 80 columns
         await pilot.press("u")
         assert "No GPU readings in the evidence" in screen_text(app)
 

@@ -9,8 +9,8 @@ Rules name causes; this module decides what the job *is* when rules and live obs
 2. **Verdict**: with an actionable finding, its state (an observed hang or crash wins over the
    rule's state) and its summary. Without one:
    - no rule could be evaluated: "unknown";
-   - only kinds that cannot show a state (settings such as env or system): "unknown", never
-     healthy;
+   - only kinds that cannot show a state (settings such as env or system, a ticket's prose):
+     "unknown", never healthy, unless one of them reports a state (the reporter says it crashes);
    - a kind whose evidence still shows trouble (``Probe.unexplained_state``: e.g. log errors no
      rule names): that state, with "no rule names its cause";
    - part of the evidence left unread (past the loose-file cap): "unknown", never healthy;
@@ -56,6 +56,14 @@ def set_aside(fired: list[RuleResult], facts: dict[str, Any]) -> tuple[list[Rule
 def state_kinds() -> set[str]:
     """Evidence kinds that can show what state a job is in (``Probe.shows_state``)."""
     return {p.name for p in plugins.probes() if p.shows_state}
+
+
+def _trouble_verdict(trouble: dict[str, str]) -> dict[str, str]:
+    what = trouble.get("what") or "errors"
+    what = what if len(what) <= 160 else what[:159].rstrip() + "…"
+    return {"state": trouble.get("state") or "unknown", "cause": "",
+            "summary": trouble.get("summary")  # a kind may word it itself (the check kind: all skipped)
+            or f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
 
 
 def _unexplained(facts: dict[str, Any]) -> dict[str, str] | None:
@@ -136,17 +144,15 @@ def _verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict
                 "summary": "Not enough evidence to judge: no rule could be evaluated on what was found.",
                 "cause": ""}
     kinds = set(facts.get("evidence", {}).get("kinds") or [])
+    trouble = _unexplained(facts) if observed in ("", "progressing") else None
     if observed in ("", "progressing") and not (observed == "progressing" or kinds & state_kinds()):
+        if trouble:  # a kind that cannot show a state on its own may still report one (a ticket's words)
+            return _trouble_verdict(trouble)
         return {"state": "unknown", "cause": "",
                 "summary": f"No rule fired, but the evidence ({', '.join(sorted(kinds))}) cannot show whether "
                            "the job is hung, slow or healthy; add stacks, logs, metrics or flight-recorder dumps."}
-    trouble = _unexplained(facts) if observed in ("", "progressing") else None
     if trouble:
-        what = trouble.get("what") or "errors"
-        what = what if len(what) <= 160 else what[:159].rstrip() + "…"
-        return {"state": trouble.get("state") or "unknown", "cause": "",
-                "summary": trouble.get("summary")  # a kind may word it itself (the check kind: all skipped)
-                or f"The logs show a failure ({what}) but no rule names its cause; see the evidence below."}
+        return _trouble_verdict(trouble)
     if (facts.get("evidence") or {}).get("incomplete") and observed in ("", "progressing"):
         return {"state": "unknown", "cause": "",
                 "summary": "No rule fired on what was read, but part of the evidence was left unread "

@@ -37,20 +37,24 @@ from pathlib import Path
 
 from doctor.evidence.contract import SNIFF_BYTES, Hints, Sample
 
-#: One cheap C-level search over the head decides most files: no marker, no document.
-# Every branch starts with a literal newline or "&", so the regex engine skips ahead with a fast
-# character scan instead of trying each position: this test runs on every text file of a folder
-# (16,384 stack dumps at scale). Callers search "\n" + text so the first line counts too.
-_MARKERS = re.compile(
-    r"\n[ \t]{0,3}(?:```|~~~|> |>$|\{code|\{noformat\}|<details|<pre|<code>|<summary)"
-    r"|&(?:lt|gt|quot)"
-    r"|\n\[?\d{1,2}:\d\d(?::\d\d)?(?:\s?[AaPp][Mm])?\]?\s+(?:<[\w.@-]+>|[A-Za-z][\w.@-]{0,30}:)\s",
+#: One cheap C-level search over the head decides most files: no marker, no document. This test
+#: runs on every text file of a folder (16,384 stack dumps at scale), so it is two searches
+#: (:func:`_marked`): the line-start markers behind their one literal "\n" prefix, which the regex
+#: engine finds with a fast scan (one alternation of three branches, two of them starting with
+#: "\n" and one with "&", tried its branches at every newline: four times slower on a stack dump),
+#: and the HTML entities only when the text holds an "&" at all. The lookaheads only restate
+#: each branch's first character, so that an indented line (every frame of a stack dump) is
+#: dropped after one test per blank instead of one per alternative.
+_LINE_MARKERS = re.compile(
+    r"\n(?:[ \t]{0,3}(?=[`~>{<])(?:```|~~~|> |>$|\{code|\{noformat\}|<details|<pre|<code>|<summary)"
+    r"|(?=[\[\d])\[?\d{1,2}:\d\d(?::\d\d)?(?:\s?[AaPp][Mm])?\]?\s+(?:<[\w.@-]+>|[A-Za-z][\w.@-]{0,30}:)\s)",
     re.M,
 )
+_ENTITY = re.compile(r"&(?:lt|gt|quot)")
 _JSON_HEAD = re.compile(r"\s*(?:\{\s*\"|\[\s*[\[{\"\]])")  # an object, or an array of them
 #: A folder's own documentation (how the evidence was captured) is not a ticket: read as one,
 #: the log lines it quotes would count twice.
-_PROJECT_DOCS = ("readme", "license", "changelog", "contributing", "notice", "authors")
+PROJECT_DOCS = ("readme", "license", "changelog", "contributing", "notice", "authors")
 _MARKDOWN_NAMES = (".md", ".markdown")
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([\w+#.-]*)")
@@ -127,10 +131,11 @@ def _clean(lines: list[str]) -> tuple[list[str], set[int]]:
     for i, ln in enumerate(lines):
         if "&" in ln:
             ln = html.unescape(ln)
-        bare = _QUOTE.sub("", ln, count=1)
-        if bare is not ln and bare != ln:
-            quoted.add(i)
-        ln = bare
+        if ">" in ln[:4]:  # a quote marker sits after at most three blanks
+            bare = _QUOTE.sub("", ln, count=1)
+            if bare is not ln and bare != ln:
+                quoted.add(i)
+            ln = bare
         if "<" in ln:
             ln = _FOLD_TAG.sub("", ln)
         out.append(ln)
@@ -183,7 +188,8 @@ def split(text: str) -> Document:
     i = 0
     while i < n:
         ln = lines[i]
-        m = _FENCE.match(ln)
+        # each opener holds its own character; most lines hold none of them
+        m = _FENCE.match(ln) if "`" in ln or "~" in ln else None
         if m:
             close_bare(bare)
             mark, lang = m.group(1), m.group(2).lower()
@@ -193,7 +199,7 @@ def split(text: str) -> Document:
             spans.append((i + 1, j - 1, "fenced", lang, lines[i + 1:j]))
             i = j + 1
             continue
-        m = _JIRA.match(ln)
+        m = _JIRA.match(ln) if "{" in ln else None
         if m:
             close_bare(bare)
             tag, rest = m.group(1).lower(), m.group(2)
@@ -219,7 +225,7 @@ def split(text: str) -> Document:
             spans.append((first, first + len(body) - 1, "jira", "", body))
             i = j + 1
             continue
-        m = _HTML_OPEN.match(ln)
+        m = _HTML_OPEN.match(ln) if "<" in ln else None
         if m and m.group(1).lower() == "code" and re.search(r"</code>", m.group(2), re.I):
             ln = re.sub(r"</?code>", "", ln, flags=re.I)  # inline code in a sentence: prose
             m = None
@@ -291,16 +297,23 @@ def split(text: str) -> Document:
     return doc
 
 
+def _marked(text: str) -> bool:
+    """Does the text hold markup a log never has: a fence, a quote, a tag or a chat prefix at a
+    line's start (the first line counts), or an HTML entity? tests/test_dispatch_parity.py checks it against
+    the single alternation it replaces."""
+    return ("&" in text and _ENTITY.search(text) is not None) or _LINE_MARKERS.search("\n" + text) is not None
+
+
 def is_document(sample: Sample) -> bool:
     """Is this file a written document (a ticket, an issue, a chat paste) rather than raw
     evidence? Markup a log never has plus some prose; without markup, only a Markdown file or
     a paste (a name with no suffix, as stdin's) that reads mostly as sentences."""
-    if sample.is_binary or not sample.size or sample.name.lower().startswith(_PROJECT_DOCS):
+    if sample.is_binary or not sample.size or sample.name.lower().startswith(PROJECT_DOCS):
         return False
     text = sample.text
     if _JSON_HEAD.match(text):  # a JSON document (a dump, a metrics file) is data, not a ticket
         return False
-    marked = bool(_MARKERS.search("\n" + text))
+    marked = _marked(text)
     name = sample.name.lower()
     if not marked and not (name.endswith(_MARKDOWN_NAMES) or "." not in name):
         return False  # no markup: only a Markdown file or a paste (stdin) may be plain prose
@@ -378,6 +391,7 @@ def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable
     doc = split(text)
     groups: list[tuple[list[Block], str | None, Hints]] = []
     seen: set[str] = set()
+    written: dict[int, Path] = {}  # block index -> its scratch file, when already written whole
     for block in doc.blocks:
         if block.text in seen:
             continue
@@ -386,6 +400,7 @@ def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable
         f = scratch.file(f"block{block.index}{suffix_for(block)}")
         if len(data) > SNIFF_BYTES:  # a sniffer may look at the end of a long file
             f.write_bytes(data)
+            written[block.index] = f
         kind, own = claim(_sample(f, data)), _hints(block, hints)
         named = Hints.from_path(block.label) if block.label else Hints()
         last = groups[-1] if groups else None
@@ -399,11 +414,14 @@ def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable
     for group, kind, own in groups:
         first, last_block = group[0], group[-1]
         if len(group) == 1:
-            f, where = scratch.file(f"block{first.index}{suffix_for(first)}"), first.where(rel)
+            where = first.where(rel)
+            f = written.get(first.index) or scratch.file(f"block{first.index}{suffix_for(first)}")
+            if first.index not in written:  # a long block was written whole to be claimed
+                f.write_bytes(first.text.encode())
         else:
             f = scratch.file(f"blocks{first.index}-{last_block.index}{suffix_for(first)}")
             where = f"{rel} blocks {first.index}-{last_block.index}, lines {first.start}-{last_block.end}"
-        f.write_bytes("".join(b.text for b in group).encode())
+            f.write_bytes("".join(b.text for b in group).encode())
         out.append((f, where, kind or "", own))
     if doc.n_prose and prose_readers:
         f = scratch.file("prose.txt")

@@ -2,7 +2,10 @@
 
 The loop is deliberately plain: a first round of probes, a second stack snapshot to tell hung
 from slow, then as many rounds as the leading hypotheses ask for (native stacks of an odd rank,
-another snapshot, a sampling window) until nothing new is asked or the time budget is spent.
+another snapshot, a sampling window) until nothing new is asked or the time budget is spent. A
+rule-asked sampling window is only as long as the evidence needs (``doctor.live.window``): a short
+first slice, started alongside the first analysis when the job visibly progresses, and extended
+to ``--duration`` only while it cannot tell slow from hung.
 Every step lands in the trace, and everything collected lands in a bundle, so the same verdict
 can be reproduced offline with ``mldoctor diagnose --from BUNDLE``.
 """
@@ -33,7 +36,7 @@ from doctor.evidence.contract import (
     ProbeSkipped,
     one_line,
 )
-from doctor.live import targets
+from doctor.live import targets, window
 from doctor.live.common import Interrupted, Progress, finish, out_folder
 
 SNAPSHOT_GAPS = (1.0, 2.0, 4.0)  # seconds before snapshot 1, 2, 3: a slow step shows as movement
@@ -45,11 +48,24 @@ class _Context(CollectContext):
     probe that wakes up after its timeout cannot write into a bundle being sealed."""
 
     abandoned: bool = False
+    #: Not None: artifacts are held here instead of written (an early sampling slice that
+    #: enters the bundle only if a rule asks for a window; ``commit`` writes them).
+    held: list[tuple[str, bytes | str, dict[str, Any]]] | None = None
 
     def add(self, name: str, data: bytes | str, **kw: Any) -> Any:  # noqa: D102 - see CollectContext.add
         if self.abandoned:
             raise ProbeFailed("abandoned after its timeout")
+        if self.held is not None:
+            self.held.append((name, data, kw))
+            self.written += 1
+            return None
         return super().add(name, data, **kw)
+
+    def commit(self) -> None:
+        """Write the held artifacts into the bundle, as if they had been written at once."""
+        held, self.held, self.written = self.held or [], None, 0
+        for name, data, kw in held:
+            super().add(name, data, **kw)
 
 
 @dataclass
@@ -67,6 +83,12 @@ class Collector:
     done: set[tuple[str, str]] = field(default_factory=set)
     deadline: float | None = None
     progress: Progress = None
+    #: The early sampling slice in flight or done (``start_early``): probe name, thread, slot,
+    #: context, window length, when it may be given up.
+    early: dict[str, Any] | None = None
+    #: Seconds of rule-asked sampling window taken so far, and the ranks it covered.
+    window_taken: float = 0.0
+    window_ranks: list[int] | None = None
 
     def layout(self) -> dict[str, Any]:
         return {"world_size": self.job.world_size, "local_world_size": self.job.local_world_size,
@@ -90,6 +112,8 @@ class Collector:
         ctx = _Context(self.bundle, self.job.host, self.job.procs,
                        {**self.options, **opts, "layout": self.layout()},
                        float(opts.get("timeout", PROBE_TIMEOUT)), name, round_no)
+        if slot.get("held"):
+            ctx.held = []
         slot["ctx"] = ctx
         try:
             if not probe.collects_live():  # this kind is read from files only
@@ -122,33 +146,94 @@ class Collector:
         started = []
         for name, opts in requests:
             probe = plugins.probe(name)
-            window = float({**self.options, **opts}.get("duration") or 0) if getattr(probe, "runs_for_duration", False) else 0.0
-            if window:
-                self.say(f"sampling window: {window:g} s of {name} on ranks {opts.get('ranks') or ranks}")
-            limit = float(opts.get("timeout", PROBE_TIMEOUT)) * 2 + window
-            slot: dict[str, Any] = {}
-            t = threading.Thread(target=self._one, args=(name, opts, round_no, slot), daemon=True,
-                                 name=f"mldoctor-probe-{name}")
-            t.start()
-            started.append((name, opts, t, slot, time.perf_counter() + limit, limit))
+            window_s = float({**self.options, **opts}.get("duration") or 0) if getattr(probe, "runs_for_duration", False) else 0.0
+            if window_s:
+                self.say(f"sampling window: {window_s:g} s of {name} on ranks {opts.get('ranks') or ranks}"
+                         + (f" ({opts['why']})" if opts.get("why") else ""))
+            started.append(self._start(name, {k: v for k, v in opts.items() if k != "why"}, round_no, window_s))
         for name, opts, t, slot, until, limit in started:
-            wait_s = min(until - time.perf_counter(), self.left())
-            if wait_s > 0:
-                t.join(wait_s)
-            label = name + (f"(snapshot {opts.get('snapshot')})" if "snapshot" in opts else "")
-            run = slot.get("run")
-            if run is None:  # still running: abandon it (daemon thread, never joined)
-                if "ctx" in slot:
-                    slot["ctx"].abandoned = True
-                why = (f"timed out after {limit:.0f} s" if time.perf_counter() >= until
-                       else f"timed out after {time.perf_counter() - (until - limit):.1f} s: the run's time budget was spent")
-                run = ProbeRun(name, "failed", why + "; abandoned (it may be blocked in the kernel)",
-                               round(time.perf_counter() - (until - limit), 3), self.job.host)
-            self.bundle.record_probe(run)
-            line = (f"{label}: {run.status}" + (f" ({run.reason})" if run.reason else "")
-                    + f" in {run.duration_s:.2f}s, {run.artifacts} artifact(s)")
-            self.trace.add("probe", line, round=round_no)
-            self.say("  " + line)
+            self._finish(name, opts, t, slot, until, limit, round_no)
+
+    def _start(self, name: str, opts: dict[str, Any], round_no: int, window_s: float,
+               held: bool = False) -> tuple[str, dict[str, Any], threading.Thread, dict[str, Any], float, float]:
+        """Start one probe in its daemon thread; its limit is twice its timeout plus its window."""
+        limit = float(opts.get("timeout", PROBE_TIMEOUT)) * 2 + window_s
+        slot: dict[str, Any] = {"held": held}
+        t = threading.Thread(target=self._one, args=(name, opts, round_no, slot), daemon=True,
+                             name=f"mldoctor-probe-{name}")
+        t.start()
+        return name, opts, t, slot, time.perf_counter() + limit, limit
+
+    def _finish(self, name: str, opts: dict[str, Any], t: threading.Thread, slot: dict[str, Any], until: float,
+                limit: float, round_no: int, note: str = "") -> ProbeRun:
+        """Wait for a started probe (never past its limit or the deadline), record its run."""
+        wait_s = min(until - time.perf_counter(), self.left())
+        if wait_s > 0:
+            t.join(wait_s)
+        label = name + (f"(snapshot {opts.get('snapshot')})" if "snapshot" in opts else "")
+        run = slot.get("run")
+        if run is None:  # still running: abandon it (daemon thread, never joined)
+            if "ctx" in slot:
+                slot["ctx"].abandoned = True
+            why = (f"timed out after {limit:.0f} s" if time.perf_counter() >= until
+                   else f"timed out after {time.perf_counter() - (until - limit):.1f} s: the run's time budget was spent")
+            run = ProbeRun(name, "failed", why + "; abandoned (it may be blocked in the kernel)",
+                           round(time.perf_counter() - (until - limit), 3), self.job.host)
+        elif slot.get("held") and "ctx" in slot:
+            slot["ctx"].commit()
+        self.bundle.record_probe(run)
+        line = (f"{label}: {run.status}" + (f" ({run.reason})" if run.reason else "")
+                + f" in {run.duration_s:.2f}s, {run.artifacts} artifact(s)" + note)
+        self.trace.add("probe", line, round=round_no)
+        self.say("  " + line)
+        return run
+
+    def start_early(self, round_no: int, duration: float) -> None:
+        """Start the first slice of a sampling window now, alongside the first analysis, with its
+        artifacts held back (``take_early`` keeps them, ``drop_early`` throws them away)."""
+        names = [p.name for p in plugins.probes() if p.runs_for_duration and p.collects_live()]
+        if not names or self.early is not None:
+            return
+        slice_s = window.first_slice(None, duration)
+        ranks = sorted(r.rank for r in self.job.ranks if r.rank is not None)
+        self.say(f"sampling window: {slice_s:g} s of {names[0]} on ranks {','.join(map(str, ranks)) or '-'}, "
+                 "started early (most ranks' main threads wake up: the job progresses); kept only if a rule "
+                 "asks for a window")
+        self.trace.add("window", f"early {slice_s:g} s slice of {names[0]} alongside the first analysis; "
+                                 "kept only if a rule asks for a sampling window")
+        started = self._start(names[0], {"duration": slice_s}, round_no, slice_s, held=True)
+        self.early = {"started": started, "duration": slice_s, "ranks": ranks, "round": round_no}
+
+    def take_early(self, name: str, ranks: list[int] | None) -> bool:
+        """A rule asks for ``name`` on ``ranks``: satisfy it with the early slice when that one
+        sampled the same probe on every rank asked for (and no more than the job's ranks)."""
+        e = self.early
+        if e is None or e["started"][0] != name or e.get("used"):
+            return False
+        if ranks and set(ranks) != set(e["ranks"]):
+            return False
+        e["used"] = True
+        name_, opts, t, slot, until, limit = e["started"]
+        self._finish(name_, opts, t, slot, until, limit, e["round"], note=" (started early, alongside the first analysis)")
+        self.window_taken += e["duration"]
+        self.window_ranks = ranks or None
+        return True
+
+    def drop_early(self) -> None:
+        """The verdict needs no window: wait for the early slice's py-spy runs to end (none is
+        left on the job) and throw its artifacts away."""
+        e = self.early
+        if e is None or e.get("used"):
+            return
+        e["used"] = True
+        _name, _opts, t, slot, _until, _limit = e["started"]
+        if "ctx" in slot:
+            slot["ctx"].abandoned = True
+            slot["ctx"].held = []
+        if t.is_alive():  # stop its samplers now rather than wait out the slice (py-spy ends on SIGINT)
+            _stop_own_children(self.job)
+            t.join(3.0)
+        self.trace.add("window", "no rule asked for a sampling window: the early slice was discarded")
 
     def snapshot_round(self, round_no: int) -> None:
         self.snapshot += 1
@@ -287,6 +372,15 @@ def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str,
           warm: threading.Thread) -> Report:
     """The first pass, then follow-up rounds until no rule asks for more or the deadline comes."""
     col = collect_job(the_job, bundle, trace, options, symptom, deadline, progress)
+    configured = float(options.get("duration") or 10.0)
+    # The user's own window (--symptom slow) keeps its length; a rule-asked one is adaptive.
+    adaptive = not plugins.for_symptom(symptom)
+    # Most ranks' main threads waking: the job progresses, a short first slice will most likely
+    # settle it, and it can start now. Most ranks parked: a hang is likely and a short slice would
+    # only be extended, so a rule-asked window gets its full length at once.
+    progressing = adaptive and window.progress_likely(bundle)
+    if progressing and col.left() > window.MIN_SLICE + ANALYSIS_RESERVE:
+        col.start_early(2, configured)
     col.say("analyzing")
     warm.join(30)  # the rule cache is not locked: wait for the warm-up rather than compile twice
     report = _analyze(bundle, symptom, rules_dirs, trace, source)
@@ -297,6 +391,7 @@ def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str,
             break
         want_snapshot = _ambiguous_motion(report)
         requests: list[tuple[str, dict[str, Any]]] = []
+        took_early = False
         table = plugins.follow_ups()
         for fu in report.follow_ups:
             if fu["probe"] in LOOP_FOLLOW_UPS:
@@ -309,9 +404,24 @@ def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str,
                     continue
                 col.done.add(key)
                 trace.add("follow-up", f"{fu['probe']} on ranks {ranks or 'all'}: {fu.get('why') or 'asked by ' + fu.get('rule', 'a rule')}")
-                if "duration" in opts or getattr(plugins.probe(name), "runs_for_duration", False):
-                    opts = {**opts, "duration": _window(col, float(opts.get("duration") or options["duration"]))}
+                timed = "duration" in opts or getattr(plugins.probe(name), "runs_for_duration", False)
+                if timed and adaptive and not opts.get("duration") and col.take_early(name, ranks):
+                    took_early = True
+                    continue
+                if timed:
+                    want = float(opts.get("duration") or 0) or (
+                        window.first_slice(report.facts, configured) if progressing and not col.window_taken
+                        else configured)
+                    opts = {**opts, "duration": _window(col, want)}
+                    if progressing and not col.window_taken and opts["duration"] < configured:
+                        col.window_taken, col.window_ranks = opts["duration"], ranks
+                        opts["why"] = (f"first slice of up to {configured:g} s; longer only if it cannot "
+                                       "tell slow from hung")
+                    elif adaptive and not progressing:
+                        opts["why"] = "most ranks parked in the first pass: the full window at once"
                 requests.append((name, {**opts, "ranks": ranks}))
+        if adaptive and not requests and not took_early:
+            requests += _extend_window(col, report, configured, trace)
         took_snapshot = False
         if want_snapshot and gap_i < len(SNAPSHOT_GAPS):
             gap = SNAPSHOT_GAPS[gap_i]
@@ -324,10 +434,29 @@ def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str,
                 took_snapshot = True
         if requests and col.left() > 0:
             col.run(requests, round_no)
-        if not (requests or took_snapshot):
+        if not (requests or took_snapshot or took_early):
             trace.add("stop", "no rule asks for more evidence")
             break
         col.say("analyzing")
         report = _analyze(bundle, symptom, rules_dirs, trace, source)
         round_no += 1
+    col.drop_early()
     return report
+
+
+def _extend_window(col: Collector, report: Report, configured: float, trace: Trace) -> list[tuple[str, dict[str, Any]]]:
+    """One more slice of the rule-asked sampling window, up to ``configured`` seconds in all,
+    when the slices so far cannot tell a slow job from a hung one (``window.still_ambiguous``)."""
+    if not col.window_taken or col.window_taken >= configured:
+        return []
+    why = window.still_ambiguous(report.facts, col.window_taken)
+    if not why or col.left() <= 1.5:
+        return []
+    names = [p.name for p in plugins.probes() if p.runs_for_duration and p.collects_live()]
+    if not names:
+        return []
+    more = _window(col, configured - col.window_taken)
+    trace.add("follow-up", f"{names[0]}: window extended by {more:g} s after {col.window_taken:g} s: {why}")
+    col.window_taken += more
+    return [(names[0], {"duration": more, "ranks": col.window_ranks, "window": "extended",
+                        "why": f"extends the {col.window_taken - more:g} s taken: {why}"})]

@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from doctor import __version__
-from doctor.engine.report import Report
+from doctor.engine.report import Report, incident_key
 from doctor.engine.rule import format_ranks
 from doctor.evidence.sections import Cell, Groups, KeyValues, Section, SeriesSet, Table
 from doctor.render import view
@@ -302,7 +302,8 @@ def render_html(report: Report, *, bundle_name: str | None = None) -> str:
     body = [
         _verdict(report), nav, "<main>", *sections, "</main>",
         f"<footer>mldoctor {e(__version__)}, report created {e(report.created)}; source: "
-        f"{e((report.source or {}).get('type', ''))}.</footer>",
+        f"{e((report.source or {}).get('type', ''))}; incident key "
+        f"<code class=\"incident-key\">{e(report.key or incident_key(report))}</code>.</footer>",
     ]
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'

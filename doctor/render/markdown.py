@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from doctor import __version__
 from doctor.engine.findings import Finding
-from doctor.engine.report import Report
+from doctor.engine.report import Report, incident_key
 from doctor.engine.rule import format_ranks
 from doctor.evidence.sections import Cell, Groups, KeyValues, Section, Table
 from doctor.render import view
@@ -311,7 +311,7 @@ def render_markdown(report: Report, *, bundle_name: str | None = None, html: boo
     tail = _reproduce(report, bundle_name)
     where = f"the bundle {code(bundle_name)}" if bundle_name else "the evidence"
     footer = (f"<sub>mldoctor {__version__}, "
-              f"report created {esc(report.created)}. Full detail: report.html and report.json beside "
+              f"report created {esc(report.created)}, incident key {code(report.key or incident_key(report))}. Full detail: report.html and report.json beside "
               f"this report, and {where}.</sub>")
     fixed = len(head) + len(tail) + len(footer) + _FOOTER_RESERVE
     findings = _findings(report, max(4000, (limit - fixed) * 45 // 100))

@@ -161,13 +161,14 @@ class Session:
     def symptom_facts(self) -> dict[str, Any]:
         """The answers as the ``symptoms`` namespace a ticket's prose fills (same lists and
         phrase records), so the symptom rules read a clicked answer like a written sentence."""
-        lists: dict[str, list[str]] = {k: [] for k in ("states", "when", "where", "changed", "fixes", "tried")}
+        lists: dict[str, list[str]] = {k: [] for k in ("states", "when", "where", "changed", "fixes", "tried",
+                                                       "topics")}
         for fact, value, _, _ in self.told:
             if fact in lists and value not in lists[fact]:
                 lists[fact].append(value)
         phrases = [{"id": pid, "fact": fact, "value": value, "text": label, "where": "walkthrough answer",
                     "asserted": True, "why_not": ""} for fact, value, pid, label in self.told]
-        return {**lists, "state": lists["states"][0] if lists["states"] else "", "after_steps": None,
+        return {**lists, "state": lists["states"][0] if lists["states"] else "", "healthy": False, "after_steps": None,
                 "phrases": phrases, "sources": ["walkthrough answers"]}
 
     # -- answers -------------------------------------------------------------------------------

@@ -74,14 +74,15 @@ class ServerDump:
 
 def sniff_text(text: str) -> bool:
     """A debug-server dump or page, from its first lines."""
-    head = text[:8192]
-    if HTML_MARK in head:
+    # bounded finds over the first 8 KiB, the head copied only for a file that passes them
+    if text.find(HTML_MARK, 0, 8192) != -1:
         return True
     # Every other shape carries one of these literals; one scan each rules out most files (this
     # runs on every file of a folder, 16,384 stack dumps at scale) before any line is split.
-    if "/handler/" not in head and "PARTIAL DATA" not in head and "debug_server/rank" not in head \
-            and not head.startswith(_FR_TABLES_HEADS):
+    if text.find("/handler/", 0, 8192) == -1 and text.find("PARTIAL DATA", 0, 8192) == -1 \
+            and text.find("debug_server/rank", 0, 8192) == -1 and not text.startswith(_FR_TABLES_HEADS):
         return False
+    head = text[:8192]
     lines = head.splitlines()[:60]
     if any(_DUMP_SECTION.match(ln) and "/handler/" in ln for ln in lines):
         return True

@@ -196,7 +196,11 @@ class FlightRecorderProbe(Probe):
         raw = sample.raw
         if is_pickle(raw):
             return b"version" in raw and sum(k in raw for k in _FR_KEYS) >= 2
-        head = raw.lstrip()[:1]
+        # the first non-blank byte, without copying the sample to strip it (every file of a folder
+        # comes through here); bytes.isspace and bytes.lstrip agree on what is blank
+        head = raw[:1]
+        if head.isspace():
+            head = raw.lstrip()[:1]
         if head == b"{":
             return sum(b'"' + k + b'"' in raw for k in _FR_KEYS) >= 2
         # A binary file named like a dump that is not a readable one: claim it, so the report says

@@ -209,15 +209,18 @@ class GpuProbe(Probe):
         if head.startswith("{"):
             # json.dumps(sort_keys=True) puts "schema" late; the sample holds the first 64 KiB.
             return f'"{SCHEMA_ID}"' in text
-        if "NVSMI LOG" in text[:2000]:
+        if text.find("NVSMI LOG", 0, 2000) != -1:
             return True
-        # the substring tests first: this runs on every file of a folder (16k stack dumps)
-        first = head.split("\n", 1)[0]  # the first non-blank line (head is left-stripped)
-        if "," in first and csv_header_known(first) >= 2:
+        # the substring tests first: this runs on every file of a folder (16k stack dumps);
+        # bounded finds rather than slices or splits, which copied the head for one search
+        end = head.find("\n")  # the first non-blank line (head is left-stripped)
+        if head.find(",", 0, len(head) if end == -1 else end) != -1 \
+                and csv_header_known(head if end == -1 else head[:end]) >= 2:
             return True
-        if "MiB" in text and SMI_TABLE_MARK.search(text[:8000]):
+        if text.find("B") != -1 and "MiB" in text and SMI_TABLE_MARK.search(text[:8000]):  # "B": a memchr scan
             return True
-        return looks_like_q_sections(text)
+        # every -q line is "key<padding> : value" (looks_like_q_sections looks at 20000 characters)
+        return text.find(" : ", 0, 20000) != -1 and looks_like_q_sections(text)
 
     def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
         text = path.read_text(encoding="utf-8", errors="replace")

@@ -47,6 +47,18 @@ class Signature:
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Characters each side of a break that :meth:`Library.may_cross` compares.
+CROSS_CHARS = 3
+
+
+def _crosses(table: dict[int, dict[str, tuple[str, ...]]], prev: str, cur: str) -> bool:
+    """Does a needle cut of ``table`` (see :func:`_crossings`) fit the end of ``prev`` and the
+    start of ``cur``?"""
+    for k, befores in table.items():
+        afters = befores.get(prev[-k:] if k else "")
+        if afters is not None and cur.startswith(afters):  # "" (any start) is among them if needed
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,18 @@ class Library:
     loose_i: tuple[str, ...]                      # case-insensitive needles (tested on the lowercased line)
     order: dict[str, int]                         # signature id -> position in the library
     longest: int = 80                             # characters of the longest needle
+    #: Needles cut at each of their spaces, for :meth:`may_cross` (see :func:`_crossings`): the
+    #: case-sensitive needles' table and the case-insensitive (lowercase) needles' table.
+    crossings: tuple[dict[int, dict[str, tuple[str, ...]]], ...] = ()
+
+    def may_cross(self, prev: str, cur: str) -> bool:
+        """Could a needle occur in ``prev + " " + cur`` across the joining space? False means
+        it cannot (the test is exact on at most the CROSS_CHARS characters each side of the
+        break, so it errs only towards True): the scanner then skips trying the seam."""
+        exact, lowered = self.crossings or ({}, {})
+        if lowered and _crosses(lowered, prev[-CROSS_CHARS:].lower(), cur[:CROSS_CHARS].lower()):
+            return True
+        return _crosses(exact, prev, cur)
 
     def needles_in(self, line: str) -> set[str]:
         found: set[str] = set()
@@ -102,6 +126,19 @@ class Library:
         if len(sigs) == 1:
             return list(sigs.values())
         return sorted(sigs.values(), key=lambda s: self.order[s.id])
+
+
+def _crossings(needles: list[str]) -> dict[int, dict[str, tuple[str, ...]]]:
+    """For each needle and each space in it, the (up to CROSS_CHARS) characters just before and
+    just after that space, as {length of the before part: {before: afters}}; an empty before or
+    after is where the needle starts or ends, so that side may hold anything."""
+    table: dict[int, dict[str, set[str]]] = {}
+    for n in needles:
+        for i, ch in enumerate(n):
+            if ch == " ":
+                before, after = n[max(0, i - CROSS_CHARS):i], n[i + 1:i + 1 + CROSS_CHARS]
+                table.setdefault(len(before), {}).setdefault(before, set()).add(after)
+    return {k: {b: tuple(sorted(a)) for b, a in v.items()} for k, v in sorted(table.items())}
 
 
 def _keyword(needle: str) -> str | None:
@@ -189,4 +226,5 @@ def library() -> Library:
         loose_i=tuple(sorted({n for s in sigs if s.ignorecase for n in s.needles})),
         order={s.id: i for i, s in enumerate(sigs)},
         longest=max((len(n) for s in sigs for n in s.needles), default=80),
+        crossings=(_crossings(exact), _crossings(sorted({n for s in sigs if s.ignorecase for n in s.needles}))),
     )

@@ -23,6 +23,7 @@ Besides signatures, three small state machines follow the line stream: Python tr
 from __future__ import annotations
 
 import calendar
+import functools
 import itertools
 import os
 import re
@@ -268,9 +269,14 @@ def _convert(name: str, value: str | None) -> Any:
 
 
 def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str | None = None,
-              year: int | None = None) -> Scan:
-    """Scan one file; see the module docstring."""
+              year: int | None = None, reference: bool = False) -> Scan:
+    """Scan one file; see the module docstring.
+
+    ``reference`` reads every line through :func:`_line_reference`, the plain form of the
+    per-line step with none of :func:`_line`'s shortcuts: tests check that both give the same
+    scan on every fixture, so a shortcut can never change what a log says."""
     lib = library()
+    step = _line_reference if reference else _line
     if year is None:
         try:
             year = time.gmtime(path.stat().st_mtime).tm_year
@@ -283,7 +289,6 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
     lineno = 0
     for raw, cut in itertools.chain(head, lines):
         lineno += 1
-        scan.lines = lineno
         if cut:
             scan.long_lines += 1
         if b"\x00" in raw and not raw.replace(b"\x00", b"").strip():
@@ -291,9 +296,13 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
         text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
         # Progress bars rewrite the line with \r, and text after a NUL hole starts a record of
         # its own: each segment is a line of its own.
-        for seg in _SEGMENT.split(text) if ("\r" in text or "\x00" in text) else (text,):
-            if seg:
-                _line(scan, lib, seg, lineno)
+        if "\r" in text or "\x00" in text:
+            for seg in _SEGMENT.split(text):
+                if seg:
+                    step(scan, lib, seg, lineno)
+        elif text:
+            step(scan, lib, text, lineno)
+    scan.lines = lineno
     _flush_block(scan)
     for key in list(scan._tb):
         _end_traceback(scan, key, None, lineno)
@@ -312,7 +321,82 @@ def _srun_labelled(head: list[str]) -> bool:
     return len(lines) >= 3 and sum(bool(_SRUN_LABEL.match(ln)) for ln in lines) >= 0.8 * len(lines)
 
 
+_FB_STARTS = ("Failures", "Root Cause")
+
+
 def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
+    """One line (or ``\\r``/NUL segment): what :func:`_line_reference` does, with the work a line
+    cannot need skipped by tests that cost less than the work (most lines of a log are step lines
+    and INFO chatter that carry no prefix, start no traceback and hold no needle)."""
+    first = line[:1]
+    if first.isdigit():
+        stamp = RUNTIME_PREFIX.match(line)
+        scan._stamp = (stamp.group("ts") or "") if stamp else ""
+    else:
+        scan._stamp = ""
+    label = _SRUN_LABEL.match(line) if scan._labels else None
+    if label:
+        line = line[label.end():]
+        first = line[:1]
+    # strip_prefixes only ever removes a prefix that starts with a digit or "["
+    body, prefix_rank = strip_prefixes(line) if first == "[" or first.isdigit() else (line, None)
+    if label and prefix_rank is None:
+        prefix_rank = int(label.group("task"))
+    host, pid = _host_pid(scan, body)
+    if prefix_rank is not None:
+        scan.ranks.add(prefix_rank)
+        stream_rank: int | None = prefix_rank
+    else:
+        stream_rank = scan.rank_hint
+    if scan._tb or body.startswith(TB_START):  # no open traceback and none starting: nothing to do
+        _traceback_step(scan, body, prefix_rank, stream_rank, lineno)
+    if scan._fb.section or body.startswith(_FB_STARTS):
+        _block_step(scan, body, lineno)
+    cands = lib.candidates(body)
+    hits, failed = _matches(lib, cands, body) if cands else _NONE
+    prev = scan._prev
+    scan._prev = (body, lineno, prefix_rank, host, pid, hits, failed)
+    if prev is not None and prev[2] == prefix_rank and len(prev[0]) >= 30 and body \
+            and not _RECORD_START.match(body) and (prev[6] or failed or lib.may_cross(prev[0], body)):
+        # as in _line_reference; a seam with no failed needle on either side and no needle that
+        # can cross the break has no candidates (see seam_candidates), so it is not tried
+        hits = _seam(scan, lib, prev, body, hits, failed, host, pid)
+    for sig, m in hits:
+        _hit(scan, sig, m, body, lineno, prefix_rank, host, pid)
+
+
+def _host_pid(scan: Scan, body: str) -> tuple[str | None, int | None]:
+    """The host (and NCCL's pid) a line names: NCCL's "host:pid:tid" prefix or syslog's host."""
+    if " NCCL " in body:
+        m = _NCCL.match(body)
+        if m:
+            scan.nccl_hosts.add(m.group("host"))
+            return m.group("host"), int(m.group("pid"))
+    elif "kernel:" in body[:80]:
+        m = _SYSLOG_HOST.match(body)
+        if m:
+            return m.group("host"), None
+    return None, None
+
+
+def _seam(scan: Scan, lib: Library, prev: tuple[Any, ...], body: str,
+          hits: list[tuple[Signature, re.Match[str]]], failed: list[Signature],
+          host: str | None, pid: int | None) -> list[tuple[Signature, re.Match[str]]]:
+    """Try the signatures on the previous line and this one joined (see :func:`_line_reference`);
+    returns this line's hits less those the joined message shadows."""
+    joined = prev[0] + " " + body
+    seen = {sig.kind for sig, _ in prev[5] + hits}
+    sigs = [sig for sig in seam_candidates(lib, prev[0], body, prev[6] + failed) if sig.kind not in seen]
+    shadowed: set[str] = set()
+    for sig, m in _matches(lib, sigs, joined)[0]:
+        shadowed.update(sig.shadows)
+        _hit(scan, sig, m, joined, prev[1], prev[2], prev[3] or host, prev[4] or pid)
+    return [(sig, m) for sig, m in hits if sig.kind not in shadowed] if shadowed else hits
+
+
+def _line_reference(scan: Scan, lib: Library, line: str, lineno: int) -> None:
+    """The per-line step in its plain form (every test run on every line): the specification
+    :func:`_line` must agree with."""
     stamp = RUNTIME_PREFIX.match(line) if line[:1].isdigit() else None
     scan._stamp = (stamp.group("ts") or "") if stamp else ""
     label = _SRUN_LABEL.match(line) if scan._labels else None
@@ -321,17 +405,7 @@ def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
     body, prefix_rank = strip_prefixes(line)
     if label and prefix_rank is None:
         prefix_rank = int(label.group("task"))
-    host = None
-    pid = None
-    if " NCCL " in body:
-        m = _NCCL.match(body)
-        if m:
-            host, pid = m.group("host"), int(m.group("pid"))
-            scan.nccl_hosts.add(host)
-    elif "kernel:" in body[:80]:
-        m = _SYSLOG_HOST.match(body)
-        if m:
-            host = m.group("host")
+    host, pid = _host_pid(scan, body)
     stream_rank = prefix_rank if prefix_rank is not None else scan.rank_hint
     if stream_rank is not None and prefix_rank is not None:
         scan.ranks.add(prefix_rank)
@@ -344,15 +418,9 @@ def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
     if prev is not None and prev[2] == prefix_rank and wraps(prev[0], body):
         # A message soft-wrapped over two lines (pasted from a terminal, a notebook, a ticket):
         # signatures are tried on the two lines joined, when a needle spans the break or a
-        # needle's regex failed on one line alone, and only for kinds neither line showed.
-        joined = prev[0] + " " + body
-        seen = {sig.kind for sig, _ in prev[5] + hits}
-        sigs = [sig for sig in seam_candidates(lib, prev[0], body, prev[6] + failed) if sig.kind not in seen]
-        shadowed: set[str] = set()
-        for sig, m in _matches(lib, sigs, joined)[0]:
-            shadowed.update(sig.shadows)
-            _hit(scan, sig, m, joined, prev[1], prev[2], prev[3] or host, prev[4] or pid)
-        hits = [(sig, m) for sig, m in hits if sig.kind not in shadowed]  # the whole message says more
+        # needle's regex failed on one line alone, and only for kinds neither line showed; the
+        # whole message says more than this line's part of it (its shadows drop this line's hits).
+        hits = _seam(scan, lib, prev, body, hits, failed, host, pid)
     for sig, m in hits:
         _hit(scan, sig, m, body, lineno, prefix_rank, host, pid)
 
@@ -411,6 +479,13 @@ def seam_candidates(lib: Library, prev: str, cur: str, failed: list[Signature]) 
     return sorted(sigs.values(), key=lambda sig: lib.order[sig.id])
 
 
+@functools.lru_cache(maxsize=1024)
+def _scrubbed(text: str) -> str:
+    """``scrub`` of an event's line, remembered: the same lines recur in every rank's log and in
+    every block of a ticket that quotes them, and scrubbing costs more than scanning a line."""
+    return scrub(text)
+
+
 def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
          prefix_rank: int | None, host: str | None, pid: int | None) -> None:
     scan.sig_counts[sig.id] = scan.sig_counts.get(sig.id, 0) + 1
@@ -436,7 +511,7 @@ def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
     scan.events.append({
         "sig": sig.id, "kind": sig.kind, "role": sig.role, "severity": sig.severity,
         "priority": sig.priority, "rank": rank, "host": host or "", "file": scan.path,
-        "line": lineno, "time": when, "ts": ts, "text": scrub(body.strip())[:TEXT_CHARS],
+        "line": lineno, "time": when, "ts": ts, "text": _scrubbed(body.strip())[:TEXT_CHARS],
         "fields": fields, "pid": pid if pid is not None else fields.get("pid") if isinstance(fields.get("pid"), int) else None,
     })
 

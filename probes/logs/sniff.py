@@ -17,7 +17,7 @@ from doctor.probes.common.text import TB_START, strip_prefixes
 from doctor.evidence.contract import Sample
 
 from . import scan
-from .library import Library, library
+from .library import Signature, library
 from .live import read_tail
 
 SNIFF_TAIL = 64 * 1024            # bytes of a file's end also looked at when sniffing
@@ -162,25 +162,32 @@ def text_lines(sample: Sample, allow_table: bool = False) -> list[str] | None:
     return lines
 
 
-def _matches_any(lib: Library, line: str) -> bool:
-    body, _ = strip_prefixes(line)
-    return any(s.regex.search(body) for s in lib.candidates(body))
+def _body(line: str) -> str:
+    """The line less its launcher prefixes (which only ever start with "[" or a digit)."""
+    first = line[:1]
+    return strip_prefixes(line)[0] if first == "[" or first.isdigit() else line
 
 
 def _signature_hit(lines: list[str]) -> bool:
-    """Does any line, or two lines that read as one wrapped message, match a signature?"""
+    """Does any line, or two lines that read as one wrapped message, match a signature?
+
+    Each line's candidates are computed once; a wrapped pair is tried only when one of its lines
+    had candidates (none of them matched, or we would have returned) or a needle can cross the
+    break (:meth:`.library.Library.may_cross`): otherwise the seam has no candidate to try."""
     lib = library()
     prev = ""
+    prev_cands: list[Signature] = []
     for ln in lines:
-        if _matches_any(lib, ln):
+        body = _body(ln)
+        cands = lib.candidates(body)
+        if cands and any(s.regex.search(body) for s in cands):
             return True
-        body, _ = strip_prefixes(ln)
-        if prev and scan.wraps(prev, body):
+        if prev and (prev_cands or cands or lib.may_cross(prev, body)) and scan.wraps(prev, body):
             joined = prev + " " + body
-            sigs = scan.seam_candidates(lib, prev, body, lib.candidates(prev) + lib.candidates(body))
+            sigs = scan.seam_candidates(lib, prev, body, prev_cands + cands)
             if any(sig.regex.search(joined) for sig in sigs):
                 return True
-        prev = body
+        prev, prev_cands = body, cands
     return False
 
 

@@ -9,6 +9,9 @@ Reads what training jobs already write, with any reasonable column names (``loss
   ``trainer_state.json`` (its ``log_history``),
 - TensorBoard event files (TFRecord framing and the few protobuf fields of Event/Summary,
   decoded here: no TensorFlow, no protobuf package),
+- partial evidence (:mod:`~doctor.probes.metrics.partial`): one NaN/Inf loss line, a jump in a
+  few points, a stated before/after slowdown, kept apart in ``metrics.partial`` for the rules
+  that say what a longer series would add;
 - trainer log lines: HF Trainer dicts, Megatron ``iteration N/M | lm loss: ...`` lines,
   DeepSpeed overflow messages, Lightning progress bars, and ``step N ... loss X`` lines
   (nanoGPT, llm.c and most hand-written loops); any other line of ``key: value`` / ``key=value``
@@ -48,6 +51,7 @@ from doctor.probes.metrics.readers.tfevents import (
 from doctor.probes.metrics.rows import Rows
 
 from doctor.evidence.contract import Hints, Parsed, Probe, Sample
+from doctor.evidence.errors import EvidenceError
 from doctor.evidence.sections import Section, SectionContext
 
 __all__ = [
@@ -67,6 +71,9 @@ class MetricsProbe(Probe):
     )
     priority: ClassVar[int] = 70  # specific shapes; ahead of generic text-log readers
     also_reads: ClassVar[frozenset[str] | None] = frozenset({"logs"})  # trainer text logs only
+    #: A ticket's sentences state timings too ("1.2 s/it before, 3.4 s/it after"); only stated
+    #: changes and NaN/Inf losses are read from prose (``read_text(prose=True)``).
+    reads_prose: ClassVar[bool] = True
     joins_pieces: ClassVar[bool] = True  # one log or table pasted over two fences is one file
     build_order: ClassVar[int] = 60
     follow_ups: ClassVar[dict[str, dict[str, Any]]] = {"metrics": {}}
@@ -266,6 +273,39 @@ class MetricsProbe(Probe):
         "metrics.curves[].steps": "list<int>: steps of the kept points (min and max of each bucket)",
         "metrics.curves[].values": "list<float|string>: their values; 'nan', 'inf', '-inf' mark non-finite points",
         "metrics.params": "map<string,float>: detector thresholds in effect (MLDOCTOR_METRICS_<NAME> overrides)",
+        "metrics.partial": "map: partial evidence (a line or a few points, too little for the series detectors): "
+                           "nan, jump, slowdown; only the keys something was found for",
+        "metrics.partial.nan": "map: a NaN/Inf loss in a series of one logged value: value, series, count, finite_elsewhere, detail",
+        "metrics.partial.nan.value": "string: nan | inf | -inf",
+        "metrics.partial.nan.series": "string: the piece it was read from",
+        "metrics.partial.nan.count": "int: such one-value pieces",
+        "metrics.partial.nan.finite_elsewhere": "bool: another piece logs a finite loss",
+        "metrics.partial.nan.detail": "string: one readable line",
+        "metrics.partial.jump": "map: in a loss series too short for the spike detector, the largest jump to >= 2x the "
+                                "highest value before it: step, from_value, to_value, ratio, points, later_points, "
+                                "stays_up, recovered, series, detail",
+        "metrics.partial.jump.step": "int: step (or log entry) of the jump",
+        "metrics.partial.jump.from_value": "float: highest loss before it",
+        "metrics.partial.jump.to_value": "float: loss at the jump",
+        "metrics.partial.jump.ratio": "float: to_value / from_value",
+        "metrics.partial.jump.points": "int: loss points in the series",
+        "metrics.partial.jump.later_points": "int: points logged after the jump",
+        "metrics.partial.jump.stays_up": "int: later points still at least 1.5x the earlier highest value",
+        "metrics.partial.jump.recovered": "bool: the last point is back below 1.5x the earlier highest value",
+        "metrics.partial.jump.series": "string: series it was found in",
+        "metrics.partial.jump.detail": "string: one readable line",
+        "metrics.partial.slowdown": "map: a stated before/after change of step time or throughput at least 1.25x slower: "
+                                    "metric, before, after, factor, series, data_before, data_after, data_added_share, detail",
+        "metrics.partial.slowdown.metric": "string: step_time | throughput",
+        "metrics.partial.slowdown.before": "float: the value before (seconds per step, or items per second)",
+        "metrics.partial.slowdown.after": "float: the value after",
+        "metrics.partial.slowdown.factor": "float: how many times slower (>= 1.25)",
+        "metrics.partial.slowdown.series": "string: the paste it was read from",
+        "metrics.partial.slowdown.data_before": "float: data-loading seconds stated before, when stated",
+        "metrics.partial.slowdown.data_after": "float: data-loading seconds stated after",
+        "metrics.partial.slowdown.data_added_share": "float: share of the added step time that the added data time "
+                                                     "accounts for (0-1), when both are stated",
+        "metrics.partial.slowdown.detail": "string: one readable line",
         "metrics.by_rank": "map<string,map>: per rank: first_nan_step, n_spikes, diverged, loss_last",
         "metrics.by_rank[].first_nan_step": "int: first non-finite loss step of the rank's series, -1 when none",
         "metrics.by_rank[].n_spikes": "int: loss spikes in it",
@@ -281,8 +321,29 @@ class MetricsProbe(Probe):
         """Text logs are the logs probe's; metrics reads those that carry metric lines too."""
         return carries_metric_lines(sample)
 
-    def parse(self, path: Path, rel: str, hints: Hints) -> list[Parsed]:
-        return [Parsed(self.name, rel, s, s.rank, hints.host) for s in read_series(path, rel, hints)]
+    def parse(self, path: Path, rel: str, hints: Hints) -> list[Parsed] | None:  # type: ignore[override]
+        if rel.endswith(" prose"):  # a ticket's sentences (doctor.evidence.ticket): most state no number
+            try:
+                series = read_text(path, rel, hints, prose=True)
+            except EvidenceError:
+                # None, not []: the dispatcher counts a kind as present for any list, and prose
+                # without numbers must not make "metrics" a kind of the evidence (nor an error).
+                return None
+        else:
+            series = read_series(path, rel, hints)
+        return [Parsed(self.name, rel, s, s.rank, hints.host) for s in series]
+
+    def unexplained_state(self, facts: dict[str, Any]) -> dict[str, str] | None:
+        """A stated slowdown that no rule explains is still a slow job, not a healthy one; the
+        verdict says so and names no cause (the evidence does not show one)."""
+        slow = ((facts.get(self.name) or {}).get("partial") or {}).get("slowdown")
+        if not slow:
+            return None
+        detail = str(slow.get("detail") or "a stated slowdown")
+        return {"state": "slow", "what": detail,
+                "summary": f"The job is slow: {detail}. The evidence does not show why (slow, cause not "
+                           "determined); a step-time breakdown (data time next to step time in the job's metrics) "
+                           "or a sampling profile (mldoctor diagnose --symptom slow on the running job) would."}
 
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
         from doctor.probes.metrics.detect import Params

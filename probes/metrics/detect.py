@@ -680,7 +680,8 @@ def analyze_series(s: Series, p: Params) -> dict[str, Any]:
         # Overflow skips while the loss was still finite: the scaler was fighting before any NaN.
         ls_res["skips_before_nan"] = int((late < fn["step"]).sum()) if fn else int(len(late))
     for mk in s.marks:
-        if mk.get("kind") == "scale_at_minimum" and res["loss_scale"] is not None:
+        if mk.get("kind") == "scale_at_minimum":  # DeepSpeed says so, with or without logged values
+            res["loss_scale"] = res["loss_scale"] or {"rows": 0, "skipped_steps": 0, "skips_before_nan": 0}
             res["loss_scale"]["collapsed"] = True
             res["loss_scale"].setdefault("collapse_step", int(mk.get("step") or res.get("last_step") or 0))
     lrs, lrv = observed(s, "lr")

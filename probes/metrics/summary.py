@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from doctor.probes.metrics.detect import Params, Series, analyze_series, curve, observed
 from doctor.probes.metrics.detect import format_number as _fmt
+from doctor.probes.metrics.partial import partial, take_fragments
 
 Result = dict[str, Any]  # one series' detector results (analyze_series), plus its state
 
@@ -67,6 +68,7 @@ def _with_context(detail: str, context: list[str]) -> str:
 def summarize(series: list[Series], params: Params) -> dict[str, Any]:
     """Run the detectors on every series and fold the results into the ``metrics`` namespace."""
     results = [analyze_series(s, params) for s in series]
+    frags = take_fragments(results)  # one logged NaN is partial evidence, not a run's first NaN
     for r in results:
         r["state"] = _state(r)
     order = sorted(range(len(results)), key=lambda i: (_STATE_RANK[results[i]["state"]], -results[i]["rows"]))
@@ -86,6 +88,9 @@ def summarize(series: list[Series], params: Params) -> dict[str, Any]:
     _timing(results, facts)
     _throughput(results, facts)
     _summaries(facts)
+    part = partial(series, results, frags, params)
+    if part:
+        facts["partial"] = part
     facts["events"] = events.ordered(params.max_events)
     facts["curves"] = _curves(series, results, order, main_loss)
     by_rank = _by_rank(results)
@@ -179,7 +184,11 @@ def _loss_scale(results: list[Result], facts: dict[str, Any], events: _Events) -
     r = min(ls_res, key=lambda r: (not r["loss_scale"].get("collapsed"), not r["loss_scale"].get("many_skipped"),
                                    -r["loss_scale"].get("rows", 0)))
     ls = dict(r["loss_scale"])
-    if ls.get("collapsed"):
+    if ls.get("collapsed") and not ls.get("rows"):  # only DeepSpeed's "already at minimum" message
+        detail = (f"the fp16 loss scaler reports its scale already at the minimum in {r['name']} (DeepSpeed's "
+                  f"\"Current loss scale already at minimum\"): it cannot lower it further after repeated "
+                  f"overflows; no loss-scale values were logged, so when the overflows began is not shown")
+    elif ls.get("collapsed"):
         began = (f"overflow skips began at {_at(r, ls['first_skip_after_calibration'])}; "
                  if ls.get("first_skip_after_calibration", -1) >= 0 and ls["first_skip_after_calibration"] < ls["collapse_step"] else "")
         detail = (f"fp16 loss scale collapsed in {r['name']}: {began}from {_fmt(ls.get('peak', ls.get('max')))} it fell "

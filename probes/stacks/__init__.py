@@ -34,6 +34,7 @@ from doctor.probes.stacks.formats import (
     mostly_dump,
     parse_json,
     parse_text,
+    search_lines,
     tb_is_exception,
 )
 from doctor.probes.stacks.live import classify_failure, dump_pid, find_pyspy
@@ -203,7 +204,8 @@ class StacksProbe(Probe):
             head = text[:65536]
             return ('"frames"' in head and ('"owns_gil"' in head or '"os_thread_id"' in head)) \
                 or '"mldoctor_stack_error"' in head[:4096]
-        pyspy = bool(SNIFF_PYSPY.search(text) and (SNIFF_PYSPY_FRAME.search(text) or "Process " in text[:4096]))
+        pyspy = search_lines(SNIFF_PYSPY, text, "Thread ") and (
+            search_lines(SNIFF_PYSPY_FRAME, text, "    ") or text.find("Process ", 0, 4096) != -1)
         if pyspy or SNIFF_FH.search(text) or SNIFF_GDB.search(text) or SNIFF_GDB_BARE.search(text):
             return mostly_dump(text.splitlines()[:2000])
         # looser shapes pasted into issue threads: traceback-style Python stacks (py-bt,
@@ -219,7 +221,7 @@ class StacksProbe(Probe):
 
     def parse(self, path: Path, rel: str, hints: Hints) -> list[Parsed]:
         raw = read_whole(path)  # the dispatcher's sample when it held the whole dump
-        if b"\x00" in raw[:4096]:
+        if raw.find(b"\x00", 0, 4096) != -1:
             raise EvidenceError(rel, "binary data, not a stack dump")
         text = raw.decode("utf-8", errors="replace")
         snap_m = _SNAP.search(rel.rsplit("/", 1)[-1])

@@ -61,7 +61,7 @@ class DumpError:
     snapshot: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class RawThread:
     tid: str
     name: str = ""
@@ -71,7 +71,7 @@ class RawThread:
     frames: list[tuple[str, str, int, bool]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class RawProc:
     pid: int | None
     fmt: str

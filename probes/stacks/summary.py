@@ -34,7 +34,9 @@ def _pick_main(proc: RawProc) -> RawThread | None:
     return ts[0]
 
 
-_SUMMARY_CACHE: dict[tuple[Any, ...], ThreadSum] = {}
+#: (frames, active, gil) -> the classification's fields after tid, name, active, gil, in
+#: ThreadSum's order (one tuple: a hit is unpacked into the new ThreadSum in one call).
+_SUMMARY_CACHE: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def summarize(t: RawThread) -> ThreadSum:
@@ -43,12 +45,13 @@ def summarize(t: RawThread) -> ThreadSum:
     key = (tuple(t.frames), t.active, t.gil)
     hit = _SUMMARY_CACHE.get(key)
     if hit is None:
-        hit = _summarize(t)
+        s = _summarize(t)
+        # worker ("") is filled per process by to_dump, never shared
+        hit = (s.state, s.op, s.top, s.anchor, s.site, s.sig, s.exact, s.frames, "", s.native, s.role)
         if len(_SUMMARY_CACHE) > 200_000:
             _SUMMARY_CACHE.clear()
         _SUMMARY_CACHE[key] = hit
-    return ThreadSum(t.tid, t.name, t.active, t.gil, hit.state, hit.op, hit.top, hit.anchor, hit.site,
-                     hit.sig, hit.exact, hit.frames, "", hit.native, hit.role)
+    return ThreadSum(t.tid, t.name, t.active, t.gil, *hit)
 
 
 def _summarize(t: RawThread) -> ThreadSum:
@@ -82,6 +85,6 @@ def to_dump(p: RawProc, snapshot_base: int, path: str) -> ProcDump:
     if role == "worker" and main is not None and main_raw is not None:
         main.worker = ss.worker_activity(main_raw.frames, main_raw.active)
     native = (main is not None and main.native) or any(t.native for t in others)
-    return ProcDump(pid=p.pid, rank=p.rank, role=role, fmt=p.fmt, native=native,
-                    snapshot=snapshot_base + p.seq, main=main, others=others, parent=p.parent,
-                    local_rank=p.local_rank, rank_source=p.rank_source, truncated=p.truncated, path=path)
+    # positional, in ProcDump's field order (host is set by the probe): one per process
+    return ProcDump(p.pid, p.rank, role, p.fmt, native, snapshot_base + p.seq, main, others, p.parent,
+                    None, p.local_rank, p.rank_source, p.truncated, path)

@@ -26,6 +26,8 @@ CHANGED = "driver | nccl | torch | cuda | container | nodes | code | data | conf
 FIXES = ("nccl_p2p_disable | nccl_ib_disable | nccl_shm_disable | num_workers_0 | fp32 | no_compile | "
          "bigger_shm | longer_timeout | smaller_batch | nccl_socket_ifname")
 
+TOPICS = "cause ids of doctor/engine/taxonomy.yaml, from probes/symptoms/patterns/topics.yaml"
+
 MAX_PROSE = 4 * 1024 * 1024
 
 
@@ -33,8 +35,8 @@ class SymptomsProbe(Probe):
     name: ClassVar[str] = "symptoms"
     title: ClassVar[str] = "Reported symptoms"
     collects: ClassVar[str] = ("What a ticket's or paste's prose (or the TUI's answers) say: state, when, where, "
-                               "what changed and which workaround helped; negated and questioned phrases are "
-                               "kept but not asserted.")
+                               "what changed, which workaround helped and which causes the words name; negated, "
+                               "questioned (and, for causes, hedged) phrases are kept but not asserted.")
     priority: ClassVar[int] = 0
     build_order: ClassVar[int] = 90
     max_bytes: ClassVar[int] = 64 * 1024 * 1024
@@ -49,15 +51,19 @@ class SymptomsProbe(Probe):
         "symptoms.changed": f"list<string>: what changed before it started ({CHANGED})",
         "symptoms.fixes": f"list<string>: workarounds the reporter says helped ({FIXES})",
         "symptoms.tried": "list<string>: workarounds the reporter mentions trying, whatever the outcome (values as fixes)",
+        "symptoms.topics": (f"list<string>: causes the reporter's words name ({TOPICS}), first mentioned "
+                            "first; a hint at low confidence, never machine evidence"),
+        "symptoms.healthy": ("bool: the reporter says the job runs fine and asserts no fault state, or says the run "
+                             "ends well ('still finishes fine', 'harmless'): a question about a working job"),
         "symptoms.after_steps": "int|null: the step count named ('after 2k steps'), null when none",
         "symptoms.phrases": "list<map>: every phrase hit, asserted or not",
         "symptoms.phrases[].id": "string: pattern id in probes/symptoms/patterns",
-        "symptoms.phrases[].fact": "string: the list it feeds (states, when, where, changed, fixes, tried)",
-        "symptoms.phrases[].value": "string: the value it adds",
+        "symptoms.phrases[].fact": "string: the list it feeds (states, when, where, changed, fixes, tried, topics, healthy)",
+        "symptoms.phrases[].value": "string: the value it adds (a cause id for topics)",
         "symptoms.phrases[].text": "string: the sentence (cut to 200 characters)",
         "symptoms.phrases[].where": "string: document and line ('issue.md prose, line 12')",
         "symptoms.phrases[].asserted": "bool: counted as the reporter's statement",
-        "symptoms.phrases[].why_not": "string: '' | negated | question",
+        "symptoms.phrases[].why_not": "string: '' | negated | question | hedged (a guess: 'maybe', 'I suspect'; topics only)",
         "symptoms.sources": "list<string>: the documents the prose came from",
     }
 
@@ -76,15 +82,42 @@ class SymptomsProbe(Probe):
 
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
         phrases = [ph for p in parsed for ph in p.data["phrases"]]
-        lists: dict[str, list[str]] = {k: [] for k in ("states", "when", "where", "changed", "fixes", "tried")}
+        lists: dict[str, list[str]] = {k: [] for k in ("states", "when", "where", "changed", "fixes", "tried",
+                                                       "topics", "healthy")}
         for ph in phrases:
             bucket = lists.get(ph["fact"])
             if bucket is not None and ph["asserted"] and ph["value"] not in bucket:
                 bucket.append(ph["value"])
+        # "runs fine" only settles the job's state when no sentence reports a fault; "the run
+        # finishes fine" or "harmless" does even then (warnings seen in a run that ended well)
+        said = lists.pop("healthy")
+        healthy = "ends_fine" in said or (bool(said) and not lists["states"])
         steps = next((p.data["after_steps"] for p in parsed if p.data.get("after_steps") is not None), None)
-        facts["symptoms"] = {**lists, "state": lists["states"][0] if lists["states"] else "",
+        facts["symptoms"] = {**lists, "state": lists["states"][0] if lists["states"] else "", "healthy": healthy,
                              "after_steps": steps, "phrases": phrases[:200],
                              "sources": sorted({p.path for p in parsed})}
+
+    def unexplained_state(self, facts: dict[str, Any]) -> dict[str, str] | None:
+        """With no rule fired, what the reporter says the job did is still better than "healthy":
+        a ticket that reads "training dies after two epochs" and quotes nothing mldoctor knows
+        is a crashed job whose cause is not in the evidence, not a job with no problem. Only an
+        asserted state counts (not a negated or questioned one), and not when the reporter also
+        says the job ends well (then the alarming words describe warnings of a good run)."""
+        sym = facts.get("symptoms") or {}
+        if sym.get("healthy"):
+            return None
+        said = next((s for s in sym.get("states") or [] if s in _REPORTED_STATE), "")
+        if not said:
+            return None
+        return {"state": _REPORTED_STATE[said],
+                "summary": f"The reporter says the job {_REPORTED_WORDS[said]}, and no rule names a cause from "
+                           "the evidence given; the logs, stacks or metrics of the failing run would decide."}
+
+
+#: The job state a reported symptom stands for, and how the verdict words it.
+_REPORTED_STATE = {"crash": "crashed", "oom": "crashed", "hang": "hung", "slow": "slow", "diverge": "diverging"}
+_REPORTED_WORDS = {"crash": "crashes", "oom": "runs out of memory", "hang": "hangs", "slow": "is slow",
+                   "diverge": "diverges (NaN/inf or a rising loss)"}
 
 
 PROBE = SymptomsProbe()

@@ -19,8 +19,10 @@ from typing import Any
 from doctor.evidence.patterns import MAX_TEXT, Pattern, load_library
 
 #: The fact lists a pattern may feed (``fact:`` in the library); ``outcome`` entries only tell
-#: whether a workaround named in the same sentence helped.
-FACTS = ("states", "when", "where", "changed", "fixes", "outcome")
+#: whether a workaround named in the same sentence helped; ``topics`` entries name a cause of
+#: ``doctor/engine/taxonomy.yaml`` (``cause:``) the reporter's words point at; ``healthy``
+#: entries say the job runs fine (a question about it, not a fault report).
+FACTS = ("states", "when", "where", "changed", "fixes", "outcome", "topics", "healthy")
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\[])|\n\s*\n|(?<=[.!?])\s*\n")
 #: A negation in the few words before a phrase, in the same clause.
@@ -28,6 +30,32 @@ _NEGATION = re.compile(
     r"\b(?:not|never|no longer|isn'?t|doesn'?t|don'?t|didn'?t|wasn'?t|aren'?t|won'?t|can'?t|cannot|"
     r"no|nor|neither|without any)\s+(?:\w+[\s,]+){0,2}$", re.I)
 _CLAUSE_BREAK = re.compile(r"[,;:]|\bbut\b|\bhowever\b|\band\b|\bwhile\b", re.I)
+#: A guess rather than a report ("maybe it is shm", "I suspect the network"): a cause hint
+#: (``topics``) in such a clause is kept but not asserted, since people name suspects freely.
+_HEDGE = re.compile(
+    r"\b(?:maybe|perhaps|possibly|might|may be|could be|could it|suspect\w*|wonder\w*|guess\w*|not sure|"
+    r"unsure|whether|rule[sd]? out|ruling out|instead of|rather than|unlike|unrelated)\b", re.I)
+#: A question that presupposes what it names ("Why does training hang?", "How do I fix the CUDA
+#: OOM?") still reports it; a yes/no question ("Is it OOM?", "Could it be shm?") only guesses.
+_PRESUPPOSING = re.compile(
+    r"^\W*(?:(?:so|but|and|ok|hi|hello|any (?:idea|ideas|clue|hint)s?)\W+)*(?:why\b|how come\b|"
+    r"how (?:do|can|could|should|would|to|might) (?:i |we |you |one )?(?:fix|avoid|solve|debug|resolve|prevent|"
+    r"stop|get rid of|handle|deal with|work around|diagnose|find|speed|reduce|make)\b|"
+    r"what (?:causes|is causing|could cause|can cause|would cause|might cause|makes)\b|"
+    r"what (?:can|should|could) (?:i|we) do\b)", re.I)
+#: A question whether what one sees is a problem at all ("..., is that normal?", "can I ignore
+#: these warnings?") reports no fault: every phrase of its sentence is only asked about.
+_NORMALITY = re.compile(
+    r"\b(?:is (?:this|that|it|this behaviou?r|that behaviou?r) (?:normal|expected|ok|okay|fine|harmful|bad|safe|"
+    r"a (?:problem|bug|concern|real (?:problem|issue))|an? (?:issue|error)|something to worry about)|"
+    r"(?:can|could|should) (?:i|we) (?:safely )?ignore|should (?:i|we) (?:be )?worr\w*|do (?:i|we) need to worry|"
+    r"are (?:these|those|they) (?:normal|expected|harmful|a problem))\b", re.I)
+#: A yes/no question guesses from its first word on ("Is it OOM?", "Could the network be at
+#: fault?"); any other question only asks in its last clause ("Training crashes with an OOM
+#: after 3 epochs, any idea?" still reports the OOM).
+_YES_NO = re.compile(
+    r"^\W*(?:is|are|was|were|could|can|would|should|does|do|did|might|may|has|have|will|shall|any chance|"
+    r"isn'?t|aren'?t|doesn'?t|don'?t)\b", re.I)
 #: Sentences and characters read per document: a ticket says what matters early, and a 1 MB
 #: essay (or garbage with no sentence end) would otherwise cost seconds for nothing new.
 MAX_SENTENCES = 2000
@@ -43,7 +71,7 @@ class Phrase:
     text: str
     line: int
     asserted: bool
-    why_not: str   # "" | negated | question
+    why_not: str   # "" | negated | question | hedged
 
     def to_json(self, rel: str) -> dict[str, Any]:
         return {"id": self.id, "fact": self.fact, "value": self.value, "text": self.text[:200],
@@ -86,20 +114,43 @@ def _negated(sentence: str, start: int) -> bool:
     return bool(_NEGATION.search(clause))
 
 
+def _hedged(sentence: str, start: int) -> bool:
+    before = sentence[max(0, start - 80):start]
+    cut = [b.end() for b in _CLAUSE_BREAK.finditer(before)]
+    return bool(_HEDGE.search(before[cut[-1]:] if cut else before))
+
+
+def _last_clause(sentence: str) -> int:
+    """Where the clause a question mark closes begins (0: the whole sentence)."""
+    cut = [b.end() for b in _CLAUSE_BREAK.finditer(sentence)]
+    return cut[-1] if cut else 0
+
+
+def value_of(p: Pattern) -> str:
+    """What an entry adds: its ``cause`` for a topic entry, its ``value`` otherwise."""
+    return str(p.fields.get("cause") if p.fields.get("fact") == "topics" else p.fields.get("value"))
+
+
 def phrases(text: str) -> list[Phrase]:
     """Every pattern hit in the prose, each marked asserted or not (and why)."""
     lib = library()
     out: list[Phrase] = []
     for line, s in sentences(text):
         question = s.rstrip().endswith("?")
+        presupposed = question and bool(_PRESUPPOSING.search(s))
+        asks_from = 0 if not question or _YES_NO.search(s) or _NORMALITY.search(s) else _last_clause(s)
+        presupposed = presupposed and not _NORMALITY.search(s)
         hits = [(p, m) for p in lib for m in [p.regex.search(s)] if m]
         outcomes = {str(p.fields.get("value")) for p, _ in hits if p.fields.get("fact") == "outcome"}
         for p, m in hits:
             fact = str(p.fields.get("fact"))
             if fact == "outcome":
                 continue
-            value = str(p.fields.get("value"))
-            why = "question" if question else ""
+            value = value_of(p)
+            # "is this normal?" is itself the sign of a working job: a healthy phrase is never "asked"
+            asked = question and fact != "healthy" and (
+                fact == "fixes" or (not presupposed and m.start() >= asks_from))
+            why = "question" if asked else ""
             if fact == "fixes":
                 # a workaround: its outcome, not a negation before it, says whether it helped
                 if not why and "bad" not in outcomes and "good" in outcomes:
@@ -108,6 +159,8 @@ def phrases(text: str) -> list[Phrase]:
                 continue
             if not why and _negated(s, m.start()):
                 why = "negated"
+            if not why and fact == "topics" and _hedged(s, m.start()):
+                why = "hedged"
             out.append(Phrase(p.id, fact, value, s, line, not why, why))
     return out
 

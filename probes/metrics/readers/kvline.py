@@ -13,7 +13,11 @@ one grammar instead of one regex per trainer:
 - the step comes from a step key (``step``, ``iteration``, ``num_updates``), else a progress
   counter (``450/1000 [``, counted on from the epoch when one is known), else the caller's line
   order (an epoch number is kept as the ``epoch`` column: several lines share one);
-- a Markdown table (``| step | loss |`` over ``|---|``) names its columns once in the header.
+- a Markdown table (``| step | loss |`` over ``|---|``) names its columns once in the header;
+- a stated change is two points: ``from 1.2 s/it to 3.4 s/it``, ``1.2 s/it before, 3.4 s/it
+  after``, ``it/s dropped from 5 to 1`` (the unit before the change); bare seconds only when the
+  line says they are a step's or the data wait's; ``loss scale: 65536 -> 32768`` keeps the value
+  after the arrow (a scale that went down marks a skipped step).
 
 Numbers are found first and each key is read from the few characters before its number, so the
 work per line is linear in its length (no pattern is allowed to scan a long line twice). A line
@@ -50,6 +54,19 @@ _WORD = re.compile(r"[A-Za-z]{2,}")
 #: A change pasted in a ticket: ``before: 1.2 s/it, after: 3.4 s/it``, ``from 1200 samples/s to 300``.
 _CHANGE = re.compile(rf"(?<![\w])(?:from|before|was)\s*[:=]?\s*({NUM})\s*({UNIT})?(?![\w/])[^\d\n]{{0,40}}?"
                      rf"(?<![\w])(?:to|after|now)\s*[:=]?\s*({NUM})\s*({UNIT})?(?![\w/])", re.I)
+#: The same change with each unit written after its number and the words after it:
+#: ``1.2 s/it before, 3.4 s/it after``.
+_CHANGE_POST = re.compile(rf"(?<![\w.])({NUM})\s*({UNIT})(?![\w/])\s*(?:before|previously|earlier|originally)\b"
+                          rf"[^\d\n]{{0,40}}?(?<![\w.])({NUM})\s*({UNIT})?(?![\w/])\s*(?:after|now|today)\b", re.I)
+#: A rate unit just before the change (``it/s dropped from 5 to 1``): the unit of both numbers.
+_UNIT_BEFORE = re.compile(r"(it/s|s/it|its/s|[mu]?s/step|(?:samples?|tokens?|toks?|seqs?|imgs?|images?|ex|"
+                          r"examples?|words?|sents?)/s(?:ec)?)\s*(?:[A-Za-z]+\s+){0,3}$", re.I)
+#: ``65536 -> 32768``: the value after an arrow replaces the one before it (the new value).
+_ARROW = re.compile(r"^\s*(?:->|=>|\u2192|-->)\s*$")
+#: A cheap test before the change patterns: their words, as whole words.
+_MAYBE_CHANGE = re.compile(r"\b(?:from|before|was|previously|earlier|originally)\b", re.I)
+#: Bare seconds in a change count only when the line says they are a step's (or its data wait).
+_TIMED = re.compile(r"step|iter|batch|epoch|data|it/s|s/it")
 _EXCLUDED_WORDS = {"val", "eval", "valid", "validation", "test", "min", "max", "std", "best", "avg_val"}
 #: Steps per second (fairseq's ``ups``): a step time once inverted.
 _RATE_KEYS = {"ups", "it_s", "its", "steps_per_sec", "steps_per_second", "it_per_sec", "iters_per_sec",
@@ -153,11 +170,11 @@ def parse(body: str, epoch: int | None = None) -> Parsed | None:
     """
     if body.rstrip().endswith("?") or _CONFIG.search(body):
         return None
-    change = _CHANGE.search(body)
-    if change:
-        pts = _change_points(body, change)
-        if pts:
-            return Parsed(points=pts)
+    if _MAYBE_CHANGE.search(body):
+        for change in (*_CHANGE.finditer(body), *_CHANGE_POST.finditer(body)):
+            pts = _change_points(body, change)  # the first change with a unit ("from 2 to 8 GPUs" has none)
+            if pts:
+                return Parsed(points=pts)
     out = Parsed()
     spans: list[tuple[int, int]] = []
     prev = 0
@@ -166,10 +183,16 @@ def parse(body: str, epoch: int | None = None) -> Parsed | None:
     keyed = False
     piped = "|" in body
     covered = 0
+    last_name: str | None = None
+    arrows = ">" in body or "\u2192" in body
     for m in _NUMBER.finditer(body):
         start = m.start()
         wstart = max(prev, start - 80)
         prev = m.end()
+        if arrows and last_name and _ARROW.match(body[wstart:start]):
+            _arrow_value(out, last_name, m.group(1))
+            continue
+        last_name = None
         name, sep, kpos, nwords, wordy = _key(body[wstart:start])
         raw, unit = m.group(1), m.group(2) or ""
         if name is None and not unit:  # a number without a metric: a date, an id, a count
@@ -221,7 +244,9 @@ def parse(body: str, epoch: int | None = None) -> Parsed | None:
             continue
         if name in ("rank", "run", "wall"):
             continue
-        out.vals.setdefault(name, value * factor)
+        if name not in out.vals:
+            out.vals[name] = value * factor
+            last_name = name if arrows and factor == 1.0 and not unit else None
     if not keyed or not any(k in out.vals for k in VALUE_METRICS):
         return None
     # A learning rate alone is what configs and code say (``lr=3e-4``); so is a lone scale.
@@ -249,15 +274,35 @@ def parse(body: str, epoch: int | None = None) -> Parsed | None:
     return out
 
 
+def _arrow_value(out: Parsed, name: str, raw: str) -> None:
+    """``loss scale: 65536 -> 32768``: the value now is the one after the arrow; a scale that
+    went down is a step the scaler skipped for overflow (DeepSpeed, apex and GradScaler halve
+    the scale exactly when they skip a step)."""
+    try:
+        new = parse_number(raw)
+    except ValueError:
+        return
+    old = out.vals.get(name)
+    out.vals[name] = new
+    if name == "loss_scale" and old is not None and new < old:
+        out.vals["skipped"] = 1.0
+
+
 def _change_points(body: str, m: re.Match[str]) -> list[dict[str, float]]:
-    """Two points of one metric from a before/after sentence; the metric comes from the unit,
-    or from the words of the line for bare seconds (``data time went from 0.1s to 0.8s``)."""
+    """Two points of one metric from a before/after sentence; the metric comes from the unit
+    (after either number, or just before the change: ``it/s dropped from 5 to 1``), or from the
+    words of the line for bare seconds (``data time went from 0.1s to 0.8s``)."""
     low = body.lower()
     pts = []
     unit = m.group(2) or m.group(4) or ""
     if not unit:
+        before = _UNIT_BEFORE.search(body, max(0, m.start() - 60), m.start())
+        unit = before.group(1) if before else ""
+    if not unit:
         return []
     hint = "data_time" if "data" in low else "step_time"
+    if unit.lower() in ("s", "ms", "sec", "secs") and not _TIMED.search(low):
+        return []  # bare seconds of what? ("the import took 5s before, 10s after"): not a step
     for raw, u in ((m.group(1), m.group(2) or unit), (m.group(3), m.group(4) or unit)):
         try:
             v = parse_number(raw)

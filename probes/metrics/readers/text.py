@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,11 @@ _HF_DICT = re.compile(r"\{\s*['\"][A-Za-z_][\w/.\- ]*['\"]\s*:")
 _HF_PAIR = re.compile(r"['\"]([A-Za-z_][\w/.\- ]*)['\"]\s*:\s*(" + _NUMRE + r")", re.I)
 _STEP = re.compile(r"(?<![\w/])(?:global[_ ]step|step|iteration|iter|it)\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w.])", re.I)
 _PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_/.\- ]{0,48}?)\s*(?:[:=]\s*|\s+)\[?\s*(" + _NUMRE + r")(\s*ms\b)?", re.I)
+#: ``loss scale: 65536 -> 32768``: a value and what it became on the same line.
+_ARROW_PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_/.\- ]{0,40}?)\s*[:=]?\s*(" + _NUMRE + r")\s*(?:->|=>|\u2192)\s*(" + _NUMRE + r")",
+                         re.I)
+#: Metrics a ``step N`` line may also carry before its step (``train_loss 2.31 step 10 ...``).
+_BEFORE_STEP = frozenset(kvline.VALUE_METRICS)
 _TQDM = re.compile(r"Epoch\s+(\d+)\s*:.*?\|\s*(\d+)\s*/\s*(\d+)\s*\[[^\]]*?,\s*([^\]]*)\]")
 _KV = re.compile(r"([A-Za-z_][\w/.\-]*)\s*=\s*(" + _NUMRE + r")", re.I)
 _DS_OVERFLOW_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)", re.I)
@@ -103,16 +109,12 @@ def _line_metrics(body: str, epoch: int | None = None) -> LineMetrics | None:
         return None
     m = _STEP.search(body)
     if m:
-        vals = {}
-        for name, raw, ms in _PAIR.findall(body[m.end():]):
-            c = canonical(name)
-            if c is None or c[0] in ("step", "rank", "run", "wall"):
-                continue
-            try:
-                v = parse_number(raw)
-            except ValueError:
-                continue
-            vals.setdefault(c[0], v * (1e-3 if ms else c[1]))
+        vals: dict[str, float] = {}
+        _pairs(body[m.end():], vals, lambda name: name not in ("step", "rank", "run", "wall"))
+        if m.start() > 2 and "loss" not in vals:  # the step came after the loss: look before it
+            _before_step(body[:m.start()], vals)
+        if "->" in body or "=>" in body or "\u2192" in body:
+            _arrows(body[m.end():], vals)
         if "loss" in vals or "grad_norm" in vals or "loss_scale" in vals:
             _extras(body, vals)
             return "steps", int(m.group(1)), vals, []
@@ -122,6 +124,43 @@ def _line_metrics(body: str, epoch: int | None = None) -> LineMetrics | None:
     if g.points:
         return "change", None, g.points[0], g.points[1:]
     return "generic", g.step, g.vals, []
+
+
+def _before_step(head: str, vals: dict[str, float]) -> None:
+    """Metric pairs printed ahead of the step counter (``train_loss 2.31 step 10 ...``): only
+    training metrics, never overriding what follows the step (an epoch or a rank before it is
+    the line's prefix, not a value)."""
+    _pairs(head, vals, lambda name: name in _BEFORE_STEP)
+
+
+def _pairs(text: str, vals: dict[str, float], keep: Callable[[str], bool]) -> None:
+    """Add the ``name value`` pairs of ``text`` whose canonical name ``keep`` accepts, scaled
+    to the canonical unit (ms to s), never overriding a value already there."""
+    for name, raw, ms in _PAIR.findall(text):
+        c = canonical(name)
+        if c is None or not keep(c[0]):
+            continue
+        try:
+            v = parse_number(raw)
+        except ValueError:
+            continue
+        vals.setdefault(c[0], v * (1e-3 if ms else c[1]))
+
+
+def _arrows(body: str, vals: dict[str, float]) -> None:
+    """``loss scale: 65536 -> 32768``: the value after the arrow is the current one; a loss
+    scale that went down is a step skipped for overflow (scalers halve exactly then)."""
+    for name, a, b in _ARROW_PAIR.findall(body):
+        c = canonical(name.strip())
+        if c is None or c[0] in ("step", "rank", "run", "wall", "epoch"):
+            continue
+        try:
+            old, new = parse_number(a), parse_number(b)
+        except ValueError:
+            continue
+        vals[c[0]] = new * c[1]
+        if c[0] == "loss_scale" and new < old:
+            vals["skipped"] = 1.0
 
 
 def _extras(body: str, vals: dict[str, float]) -> None:
@@ -140,12 +179,16 @@ def _metric_line(line: str) -> LineMetrics | None:
         return None
     if _DS_ATTEMPT.search(line) or _DS_OVERFLOW_ITER.search(line) or _DS_REDUCE.search(line):
         return "deepspeed", None, {}, []
+    if _DS_MIN.search(line):
+        return "deepspeed", None, {"loss_scale": 1.0}, []  # the scaler's floor (min_loss_scale default)
     body = _RANK_PREFIX.sub("", line, count=1)
     return _line_metrics(body)
 
 
-def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
-    """Trainer log lines -> one series per rank prefix (or one for the file)."""
+def read_text(path: Path, rel: str, hints: Hints, prose: bool = False) -> list[Series]:
+    """Trainer log lines -> one series per rank prefix (or one for the file). ``prose``: the
+    sentences of a ticket, of which only stated before/after changes and NaN/Inf losses count
+    (a sentence quoting one finite loss is not a run)."""
     size = path.stat().st_size
     if size > LINE_FORMAT_MAX:
         raise EvidenceError(rel, f"{size / 2**20:.0f} MiB text log is over the {LINE_FORMAT_MAX // 2**20} MiB "
@@ -193,6 +236,8 @@ def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
                 if got is None:
                     continue
                 kind, step, vals, more = got
+                if prose and kind != "change" and all(math.isfinite(v) for k, v in vals.items() if k == "loss"):
+                    continue
                 kinds.setdefault(rank, set()).add(kind)
                 if step is None:
                     ordinal[rank] = ordinal.get(rank, 0) + 1
@@ -205,9 +250,10 @@ def read_text(path: Path, rel: str, hints: Hints) -> list[Series]:
                     rows.add(ordinal[rank], point)
     out = []
     for rank, rows in per_rank.items():
-        if not rows.steps or not any(m in rows.vals for m in _SERIES_METRICS):
+        at_min = any(mk.get("kind") == "scale_at_minimum" for mk in rows.marks)
+        if not rows.steps or not (at_min or any(m in rows.vals for m in _SERIES_METRICS)):
             continue
-        if kinds.get(rank, set()) <= _LOOSE and not _looks_like_a_run(rows):
+        if kinds.get(rank, set()) <= _LOOSE and not (_looks_like_a_run(rows) or _nonfinite_loss(rows)):
             continue
         step_from = "column"
         if rank in ordinal:
@@ -252,6 +298,12 @@ def _looks_like_a_run(rows: Rows) -> bool:
     return len(seen) > 1
 
 
+def _nonfinite_loss(rows: Rows) -> bool:
+    """A loss logged as NaN or Inf: evidence even on one line (``loss: nan`` pasted in a ticket),
+    which a config dump never prints; the summary reads such a fragment as partial evidence."""
+    return any(not math.isfinite(v) for v in rows.vals.get("loss", {}).values())
+
+
 def _steps_from_epoch(rows: Rows, steps_per_epoch: float) -> str | None:
     """HF logs print no step, only a fractional epoch: step = epoch x steps per epoch."""
     ep = rows.vals.get("epoch", {})
@@ -293,6 +345,8 @@ def _ds_line(body: str, rows: Rows) -> bool:
             rows.put(row, "skipped", 1.0)
         return True
     if _DS_MIN.search(body):
+        if rows.last_step is None:
+            rows.row_for(1)  # the message alone (a ticket quoting it): one row for it to stand on
         rows.marks.append({"kind": "scale_at_minimum", "step": rows.last_step})
         return True
     return False
@@ -329,6 +383,8 @@ def looks_text(sample: Sample) -> bool:
         got = _metric_line(ln)
         if got is None:
             continue
+        if need == 2 and (not math.isfinite(got[2].get("loss", 0.0)) or "loss_scale" in got[2] and got[0] == "deepspeed"):
+            return True  # a short paste whose one line is decisive (a NaN/Inf loss, the scaler at its minimum)
         if got[0] == "generic":
             loose.append(got[2])
         else:

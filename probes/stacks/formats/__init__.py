@@ -12,6 +12,7 @@ from doctor.probes.stacks.formats.common import (
     SECTION,
     is_server_stacks,
     rank_from_prefix,
+    search_lines,
     split_sections,
     split_streams,
 )
@@ -70,7 +71,7 @@ def parse_text(text: str) -> tuple[list[RawProc], list[str]]:
     for prefix, stream in streams:
         rank, local = rank_from_prefix(prefix)
         joined_head = text[:65536] if prefix is None else "\n".join(stream[:400])
-        if SNIFF_PYSPY.search(joined_head) or any(PS_PROCESS.match(ln) for ln in stream[:50]):
+        if search_lines(SNIFF_PYSPY, joined_head, "Thread ") or any(PS_PROCESS.match(ln) for ln in stream[:50]):
             procs = parse_pyspy_text(stream, notes)
         elif SNIFF_FH.search(joined_head):
             procs = parse_faulthandler(stream, notes)
@@ -101,12 +102,22 @@ def mostly_dump(lines: list[str]) -> bool:
     n = total = 0
     prev = False
     for ln in lines:
+        # py-spy frames and headers, the bulk of a dump, answer before any regex is tried; a
+        # header starts with a letter, so only an indented line can be blank or a fence
+        if ln.startswith(_PLAIN_DUMP):
+            if ln[0] == " ":
+                bare = ln.lstrip()
+                if not bare or bare.startswith("```"):
+                    continue
+            total += 1
+            n += 1
+            prev = True
+            continue
         bare = ln.lstrip()  # one strip per line: blank lines and fences count for nothing
         if not bare or bare.startswith("```"):
             continue
         total += 1
-        # py-spy frames and headers, the bulk of a dump, answer before any regex is tried
-        prev = ln.startswith(_PLAIN_DUMP) or _dump_line(ln) or (prev and ln[0] in " \t")
+        prev = _dump_line(ln) or (prev and ln[0] in " \t")
         n += prev
     return bool(total) and n >= 0.5 * total
 
@@ -132,4 +143,4 @@ def _dump_line(ln: str) -> bool:
 
 
 __all__ = ["JSON_START", "is_server_stacks", "SNIFF_FH", "SNIFF_GDB", "SNIFF_GDB_BARE", "SNIFF_PYSPY", "SNIFF_PYSPY_FRAME", "SNIFF_TB", "ide_frames",
-           "mostly_dump", "parse_json", "parse_text", "tb_is_exception"]
+           "mostly_dump", "parse_json", "parse_text", "search_lines", "tb_is_exception"]

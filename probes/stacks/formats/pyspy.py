@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import Counter
 from functools import lru_cache
 
 from doctor.probes.stacks.formats.common import RANK_LINE, is_native_file
@@ -41,6 +40,7 @@ def _frame_from_pyspy(body: str) -> tuple[str, str, int, bool] | None:
 #: Frame line as printed -> its frame (or None): ranks of one job print the same lines, so each
 #: distinct line is split once (one dict lookup per line instead of a slice, a strip and a call).
 _FRAME_LINES: dict[str, tuple[str, str, int, bool] | None] = {}
+_MISS = object()
 
 
 def parse_pyspy_text(lines: list[str], notes: list[str]) -> list[RawProc]:
@@ -48,18 +48,24 @@ def parse_pyspy_text(lines: list[str], notes: list[str]) -> list[RawProc]:
     cur: RawProc | None = None
     thread: RawThread | None = None
     pending_rank: int | None = None
-    seen: Counter[int] = Counter()
+    seen: dict[int, int] = {}  # dumps per pid so far (a plain dict: a Counter costs more per file)
+    cache = _FRAME_LINES
+    append = None  # the current thread's frames.append
     for ln in lines:
         if ln.startswith("    "):
-            if thread is None or ln.startswith("        "):
-                continue  # --locals lines: never kept (secrets), nor cached below
-            fr = _FRAME_LINES.get(ln)
-            if fr is None and ln not in _FRAME_LINES:
-                if len(_FRAME_LINES) > 1 << 16:
-                    _FRAME_LINES.clear()
-                fr = _FRAME_LINES[ln] = _frame_from_pyspy(ln[4:].rstrip()) if ln[4:5].strip() else None  # a blank indented line is no frame
+            if thread is None:
+                continue
+            # the cache holds only frame-shaped lines (never --locals lines, which it does not
+            # keep: secrets), so a hit is a frame line or a blank indented line (None)
+            fr = cache.get(ln, _MISS)
+            if fr is _MISS:
+                if ln.startswith("        "):
+                    continue  # --locals lines: never kept (secrets), nor cached
+                if len(cache) > 1 << 16:
+                    cache.clear()
+                fr = cache[ln] = _frame_from_pyspy(ln[4:].rstrip()) if ln[4:5].strip() else None  # a blank indented line is no frame
             if fr is not None:
-                thread.frames.append(fr)
+                append(fr)
             continue
         if not ln.strip():
             continue
@@ -69,16 +75,17 @@ def parse_pyspy_text(lines: list[str], notes: list[str]) -> list[RawProc]:
             if cur is None:  # threads without a Process header (pasted output)
                 cur = RawProc(None, "pyspy_text")
                 procs.append(cur)
-            status = m.group(2)
-            thread = RawThread(m.group(1) or "", m.group(3) or "", active=status.startswith("active"),
-                                gil="gil" in status)
+            tid, status, name = m.groups()
+            thread = RawThread(tid or "", name or "", status.startswith("active"), "gil" in status)
+            append = thread.frames.append
             cur.threads.append(thread)
             continue
         m = PS_PROCESS.match(ln) if head == "P" else None
         if m:
             pid = int(m.group(1))
-            cur = RawProc(pid, "pyspy_text", seq=seen[pid])
-            seen[pid] += 1
+            n = seen.get(pid, 0)
+            cur = RawProc(pid, "pyspy_text", seq=n)
+            seen[pid] = n + 1
             if pending_rank is not None:
                 cur.rank, cur.rank_source, pending_rank = pending_rank, "rank_line", None
             procs.append(cur)

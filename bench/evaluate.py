@@ -140,6 +140,8 @@ def load_cases(root: Path = CASES, patterns: list[str] | None = None) -> list[Ca
             problems.append("a public case needs its thread URL in source:")
         if sealed.is_sealed(name) and not (t.get("batch") and t.get("origin") == "public"):
             problems.append("a sealed case is public and names its batch")
+        if sealed.is_sealed(name) and t.get("expect_pass") is not False:
+            problems.append("a sealed case is judged in aggregate only: expect_pass must be false")
         if not isinstance(t.get("expect_pass"), bool):
             problems.append("expect_pass must be true or false")
         if problems:

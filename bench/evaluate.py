@@ -52,19 +52,13 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_tables import render_checks  # noqa: E402 - the bench folder is not a package
-
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 CASES = BENCH / "cases"
 DOC = ROOT / "docs" / "benchmarks.md"
-KINDS = ("hang", "crash", "slow", "diverge", "healthy", "health-check")
 STATES = ("hung", "crashed", "slow", "diverging", "healthy", "unknown")
-ORIGINS = ("captured", "external", "public")
 ALARM = ("critical", "high", "medium")  # "medium+" findings: a false alarm on a healthy case
 NOT_EVIDENCE = ("truth.yaml", "README.md", "README")
-DATA_MARK = "mldoctor-bench-data"
 FR_FILE = re.compile(r"^(?:_dump_|fr_rank|fr_trace_rank)(\d+)(?:\.pkl|\.json)?$")
 
 for p in (ROOT, BENCH):  # bench/*.py are scripts, imported here by file name
@@ -72,6 +66,8 @@ for p in (ROOT, BENCH):  # bench/*.py are scripts, imported here by file name
         sys.path.insert(0, str(p))
 
 import sealed  # noqa: E402  (bench/sealed.py: the sealed split's rules)
+from evaluate_doc import DATA_MARK, _f, _host, _pct, render  # noqa: E402
+from scoring import KINDS, ORIGINS, _med, _said, seen_by_rules, summarize, summarize_sealed  # noqa: E402
 
 # --------------------------------------------------------------------------- cases
 
@@ -159,22 +155,6 @@ def stage(case: Case, dest: Path) -> Path:
         return dest / src.name
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*NOT_EVIDENCE))
     return dest
-
-
-def seen_by_rules(url: str, evidence: str = "") -> bool:
-    """Whether a public case was seen while the rules were written: its thread URL is cited in the
-    rules, signatures, probes or playbooks, or its evidence file is a rule's test case."""
-    needles = [n for n in (url.rstrip("/") if url.startswith("https://") else "", Path(evidence).name if evidence else "") if n]
-    if not needles:
-        return False
-    for folder in ("rules", "probes/logs/patterns", "probes", "playbooks"):
-        for p in (ROOT / folder).rglob("*"):
-            if p.is_file() and p.suffix in (".yaml", ".py", ".md", ".txt", ".json"):
-                with contextlib.suppress(OSError):
-                    text = p.read_text(errors="replace")
-                    if any(n in text for n in needles):
-                        return True
-    return False
 
 
 # --------------------------------------------------------------------------- running mldoctor
@@ -367,108 +347,6 @@ def evaluate(cases: list[Case], repeat: int = 1, cli: bool = False, alternatives
     return rows
 
 
-def _said(row: dict[str, Any]) -> str:
-    top = row["got"]["top"]
-    if row.get("error") and not top:
-        return f"error: {row['error']}"
-    if not top:
-        return "nothing wrong"
-    return "; ".join(f"{f['cause']} ({f['severity']}{', ranks ' + _ranks(f['ranks']) if f['ranks'] else ''})"
-                     for f in top)
-
-
-def _ranks(r: list[int]) -> str:
-    if not r:
-        return "-"
-    if len(r) > 6:
-        return f"{','.join(map(str, r[:4]))},... ({len(r)})"
-    return ",".join(map(str, r))
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    faults = [r for r in rows if r["truth"]["cause"] is not None]
-    healthy = [r for r in rows if r["truth"]["cause"] is None]
-    tp, fp, fn = (sum(r[k] for r in rows) for k in ("tp", "fp", "fn"))
-    secs = [r["seconds"] for r in rows if r["seconds"] == r["seconds"]]
-
-    def frac(xs: list[dict[str, Any]], key: str) -> tuple[int, int]:
-        return sum(bool(r[key]) for r in xs), len(xs)
-
-    by_kind = {}
-    for kind in KINDS:
-        ks = [r for r in rows if r["kind"] == kind]
-        if ks:
-            by_kind[kind] = {"n": len(ks), "right": frac(ks, "right")[0],
-                             "top1": frac([r for r in ks if r["top1"] is not None], "top1"),
-                             "top3": frac([r for r in ks if r["top3"] is not None], "top3")}
-    by_origin = {}
-    for origin in ORIGINS:
-        os_ = [r for r in rows if r["origin"] == origin]
-        if os_:
-            by_origin[origin] = {"n": len(os_), "right": frac(os_, "right")[0]}
-    unseen = [r for r in rows if r["origin"] == "public" and not r["seen_by_rules"]]
-    return {
-        "n": len(rows), "faults": len(faults), "healthy": len(healthy),
-        "top1": frac(faults, "top1"), "top3": frac(faults, "top3"), "right": frac(rows, "right"),
-        "culprit_precision": tp / (tp + fp) if tp + fp else None,
-        "culprit_recall": tp / (tp + fn) if tp + fn else None,
-        "culprit_cases": sum(bool(r["truth"]["ranks"]) for r in rows),
-        "false_alarms": frac(healthy, "false_alarm"),
-        "unseen_public": {"n": len(unseen), "right": frac(unseen, "right")[0],
-                          "top1": frac([r for r in unseen if r["top1"] is not None], "top1")},
-        "by_kind": by_kind, "by_origin": by_origin,
-        "seconds_median": statistics.median(secs) if secs else None, "seconds_max": max(secs) if secs else None,
-        "cli_median": (statistics.median(c) if (c := [r["cli_seconds"] for r in rows if r.get("cli_seconds")]) else None),
-        "expect_pass_failing": [r["case"] for r in rows if r["expect_pass"] and not r["right"]],
-        "unexpected_pass": [r["case"] for r in rows if not r["expect_pass"] and r["right"]],
-    }
-
-
-def summarize_sealed(rows: list[dict[str, Any]], cases: list[Case]) -> dict[str, Any]:
-    """The sealed split in aggregate only (bench/sealed.py says why), with the first-sight figures
-    each batch recorded when it was added next to today's."""
-    s = summarize(rows)
-    out = {k: s[k] for k in ("n", "faults", "healthy", "top1", "top3", "right", "false_alarms", "by_kind")}
-    out["state_ok"] = [sum(bool(r["state_ok"]) for r in rows), len(rows)]
-    tickets = [r for r in rows if r["ticket"] and r["top1"] is not None]
-    out["tickets_top1"] = [sum(bool(r["top1"]) for r in tickets), len(tickets)]
-    herrings = [r for r in rows if r["red_herring"]]
-    out["red_herrings_alarmed"] = [sum(r["got"]["alarms"] > 0 for r in herrings if r["truth"]["cause"] is None), len(herrings)]
-    batches: dict[str, dict[str, Any]] = {}
-    for case in cases:
-        fr = case.truth.get("first_run") or {}
-        b = batches.setdefault(str(case.truth.get("batch", "?")), {"n": 0, "top1": [0, 0], "top3": [0, 0], "right": [0, 0]})
-        b["n"] += 1
-        for key in ("top1", "top3", "right"):
-            if fr.get(key) is not None:
-                b[key][0] += bool(fr[key])
-                b[key][1] += 1
-    out["batches_first_sight"] = batches
-    out["miss_shapes"] = miss_shapes(rows)
-    return out
-
-
-def miss_shapes(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """How the wrong answers look, counted over the split: whether mldoctor read nothing at all,
-    read evidence but named no cause, or named the wrong one. Aggregate only, so it guides general
-    reading work (the first two are gaps in breadth, the last in reasoning) without pointing at a
-    single case."""
-    shapes = {"nothing_read": 0, "read_no_finding": 0, "wrong_cause": 0, "alarm_on_healthy": 0}
-    for r in rows:
-        if r["right"]:
-            continue
-        got = r["got"]
-        if r["truth"]["cause"] is None:
-            shapes["alarm_on_healthy"] += 1
-        elif not got["kinds"]:
-            shapes["nothing_read"] += 1
-        elif not got["top"]:
-            shapes["read_no_finding"] += 1
-        else:
-            shapes["wrong_cause"] += 1
-    return shapes
-
-
 def record_first_run(cases: list[Case]) -> str:
     """Run mldoctor once on each sealed case that has no ``first_run`` yet and append what it said
     to the case's truth.yaml (as text: the label above stays exactly as written). Returns a
@@ -605,11 +483,6 @@ def measured(cmd: list[str], timeout: float = 900) -> tuple[float, float, int]:
         os.unlink(out)
 
 
-def _med(xs: list[float]) -> float:
-    xs = [x for x in xs if x == x]
-    return statistics.median(xs) if xs else float("nan")
-
-
 def scale(repeat: int = 3, stack_ranks: tuple[int, ...] = (1024, 4096, 16384), fr_copies: int = 64) -> dict[str, Any]:
     """CLI start; offline analysis of replicated real evidence at scale, with memory peaks."""
     import bench_core
@@ -693,279 +566,6 @@ def other_benches(timeout: float = 900) -> list[dict[str, Any]]:
         out.append({"script": script, "args": args, "seconds": time.perf_counter() - t0, "output": text})
         print(f"other {script}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return out
-
-
-# --------------------------------------------------------------------------- the document
-
-
-def _pct(pair: tuple[int, int] | list[int]) -> str:
-    a, b = pair
-    return f"{a}/{b} ({100 * a / b:.0f} %)" if b else "-"
-
-
-def _f(x: float | None, fmt: str = "{:.2f}") -> str:
-    return "-" if x is None or x != x else fmt.format(x)
-
-
-def _cell(s: str) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-def _host() -> str:
-    from doctor.evidence import procfs
-
-    load = procfs.loadavg()
-    return f"{os.cpu_count()} cores, load average {load} when it started, Python {sys.version.split()[0]}"
-
-
-def render(data: dict[str, Any]) -> str:
-    acc = data.get("accuracy")
-    L = ["# Benchmarks", "",
-         "<!-- GENERATED by `python bench/evaluate.py` (see bench/evaluate.py); edit the generator, not this file. -->", "",
-         "How often mldoctor is right, how fast, and next to what users would use otherwise, on the same inputs "
-         "in the same run. Every number below comes from the command shown above its table; the machine was a "
-         "shared, busy 2-core VM, so **timings are noisy: re-run on a quiet machine before quoting them** "
-         "(accuracy does not depend on the machine).", "",
-         "| part | command | last run |", "| --- | --- | --- |"]
-    for key, cmd in (("accuracy", "python bench/evaluate.py [--cli]"), ("live", "python bench/evaluate.py --live"),
-                     ("scale", "python bench/evaluate.py --scale"), ("other", "python bench/evaluate.py --other")):
-        part = data.get(key)
-        L.append(f"| {key} | `{part['command'] if part else cmd}` | "
-                 f"{(part['when'] + ', ' + part['host']) if part else 'not run yet'} |")
-    L += ["", "The full human run is `python bench/run_all.py` (all parts). CI runs the offline cases only "
-          "(`tests/test_evaluate.py`): it fails when a case labelled `expect_pass: true` stops being right, never on timings.", ""]
-    if acc:
-        L += _render_accuracy(acc)
-    if data.get("live"):
-        L += _render_live(data["live"])
-    if data.get("scale"):
-        L += _render_scale(data["scale"])
-    if data.get("other"):
-        L += ["## Other bench scripts", "", f"`{data['other']['command']}` ran each script as its author wrote it:", ""]
-        for o in data["other"]["results"]:
-            if o.get("missing"):
-                L += [f"### {o['script']}", "", "not in this tree yet (written by another engineer); re-run when it lands.", ""]
-            else:
-                L += [f"### {o['script']} {' '.join(o.get('args', []))}", "", "```", o["output"] or "(no output)", "```", ""]
-    L += _render_coverage()
-    L += render_checks()
-    L += ["<!-- " + DATA_MARK, json.dumps(data, sort_keys=True), "-->", ""]
-    return "\n".join(L)
-
-
-def _render_coverage() -> list[str]:
-    """Signature coverage of the harvested upstream message families, recomputed at every render
-    (it depends only on the tree, not on a run): the same table `mldoctor rules coverage` prints."""
-    from doctor.cli.main import coverage_table
-    from doctor.evidence import plugins
-
-    rows = [row for p in plugins.probes() for row in p.coverage()]
-    if not rows:
-        return []
-    return ["## Signature coverage of the upstream message families", "",
-            "Each family's message templates are harvested from its primary source (the upstream code or "
-            "the vendor's documentation, `probes/logs/templates/*.yaml`, each with its `source:` and a "
-            "concrete example line). A fault template counts as covered when its example, read by the "
-            "real log scanner, yields an event of a specific (not catch-all) signature. Command: "
-            "`mldoctor rules coverage` (`--missing` lists the uncovered templates, `--json` everything).", "",
-            coverage_table(rows), ""]
-
-
-def _render_accuracy(acc: dict[str, Any]) -> list[str]:
-    rows = acc["rows"]
-    for r in rows:  # recomputed: a rule written since the run may cite a case's thread now
-        if r["origin"] == "public":
-            r["seen_by_rules"] = seen_by_rules(r["source"], r["truth"].get("evidence", ""))
-    s = acc["summary"] = summarize(rows)
-    L = ["## Accuracy", "",
-         f"`{acc['command']}` on {s['n']} cases of `bench/cases/` ({s['faults']} with a fault, {s['healthy']} healthy). "
-         "Each case is a folder with its label (`truth.yaml`: cause, acceptable alternatives, culprit ranks, state, "
-         "source) and its evidence, or a pointer to a captured fixture; the label is never copied next to the "
-         "evidence mldoctor reads. Top-1/top-3 count fault cases; culprit precision/recall use the first finding's "
-         "ranks on cases whose label names ranks; a false alarm is a medium-or-higher finding on a healthy case.", "",
-         "| measure | value |", "| --- | --- |",
-         f"| top-1 accuracy | {_pct(s['top1'])} |", f"| top-3 accuracy | {_pct(s['top3'])} |",
-         f"| right (top-1 and exact culprit ranks; healthy: no alarm) | {_pct(s['right'])} |",
-         f"| culprit-rank precision / recall ({s['culprit_cases']} cases with ranks) | "
-         f"{_f(s['culprit_precision'], '{:.2f}')} / {_f(s['culprit_recall'], '{:.2f}')} |",
-         f"| false alarms on healthy cases | {_pct(s['false_alarms'])} |",
-         f"| public-thread cases not seen while writing rules | right {s['unseen_public']['right']}/{s['unseen_public']['n']}, "
-         f"top-1 {_pct(s['unseen_public']['top1'])} |",
-         f"| time to verdict, in-process, warm (median / max over cases) | {_f(s['seconds_median'])} s / {_f(s['seconds_max'])} s |",
-         f"| time to verdict, CLI end to end (median) | {_f(s['cli_median'])} s |" if s.get("cli_median") else
-         "| time to verdict, CLI end to end | run with `--cli` |", "",
-         "| kind | cases | right | top-1 | top-3 |", "| --- | --- | --- | --- | --- |"]
-    for kind, k in s["by_kind"].items():
-        L.append(f"| {kind} | {k['n']} | {k['right']} | {_pct(k['top1']) if k['top1'][1] else '-'} | "
-                 f"{_pct(k['top3']) if k['top3'][1] else '-'} |")
-    L += ["", "| origin | cases | right |", "| --- | --- | --- |"]
-    L += [f"| {o} | {v['n']} | {v['right']} |" for o, v in s["by_origin"].items()]
-    L += ["", "Origins: *captured* = real jobs run for this project (CPU gloo jobs, one H200, a local SLURM "
-          "cluster); *external* = NVIDIA's fault-injection flight-recorder dumps (labels from their "
-          "`fault_injection.log`); *public* = evidence lines that reporters posted in public issue threads, "
-          "labelled with the diagnosis given there (URL per case). A public case counts as *seen while writing rules* "
-          "(\"cited by a rule\" below) when its URL appears in rules/, probes/logs/patterns/, probes/ or playbooks/, or its "
-          "evidence file is a rule's test case.", ""]
-    L += _render_sealed(acc.get("sealed") or {})
-    misses = [r for r in rows if not r["right"]]
-    L += ["### Misses", ""]
-    if not misses:
-        L += ["None.", ""]
-    else:
-        L += ["| case | label | mldoctor said | why (from the label's note) | expect_pass |", "| --- | --- | --- | --- | --- |"]
-        for r in misses:
-            t = r["truth"]
-            label = (t["cause"] or "healthy") + (f" on {_ranks(t['ranks'])}" if t["ranks"] else "")
-            L.append(f"| {r['case']} | {label} | {_cell(_said(r))} | {_cell(r['note'])} | {r['expect_pass']} |")
-        L.append("")
-    if s["expect_pass_failing"]:
-        L += [f"**Regressions** (labelled expect_pass: true, wrong now): {', '.join(s['expect_pass_failing'])}", ""]
-    if s["unexpected_pass"]:
-        L += [f"Now right although labelled expect_pass: false (update the label): {', '.join(s['unexpected_pass'])}", ""]
-    L += ["### Per case", "",
-          "Top-3 causes with severity and ranks; `✓` right, `✗` wrong; state = the verdict's job state (label in "
-          "brackets when it differs); time = in-process time to verdict "
-          "(`diagnose_path`: parse, facts, rules, report; in one warm process, so rules are compiled once; median of "
-          "--repeat runs)" + (", CLI = end to end in a new process" if s.get("cli_median") else "") + ".", "",
-          "| case | kind | label (cause, ranks) | mldoctor top-3 | top-1 | top-3 | ranks | state | time (s) |"
-          + (" CLI (s) |" if s.get("cli_median") else ""),
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if s.get("cli_median") else "")]
-    mark = {True: "✓", False: "✗", None: "-"}
-    for r in rows:
-        t = r["truth"]
-        label = (t["cause"] or "healthy") + (f", {_ranks(t['ranks'])}" if t["ranks"] else "")
-        state = r["got"]["state"] + ("" if r["state_ok"] else f" [{t['state']}]")
-        top1 = mark[r["top1"]] if r["top1"] is not None else ("✓ no alarm" if r["right"] else "✗ alarm")
-        line = (f"| {r['case']} | {r['kind']} | {_cell(label)} | {_cell(_said(r))} | {top1} | {mark[r['top3']]} | "
-                f"{mark[r['ranks_ok']]} | {state} | {_f(r['seconds'])} |")
-        if s.get("cli_median"):
-            line += f" {_f(r.get('cli_seconds'))} |"
-        L.append(line)
-    L += ["", "### Sources of the public cases", "", "| case | thread | diagnosis there | cited by a rule |", "| --- | --- | --- | --- |"]
-    for r in rows:
-        if r["origin"] == "public":
-            L.append(f"| {r['case']} | {r['source']} | {_cell(r.get('diagnosis', ''))} | {'yes' if r['seen_by_rules'] else 'no'} |")
-    L += [""]
-    L += _render_alternatives(rows)
-    return L
-
-
-def _render_sealed(ss: dict[str, Any]) -> list[str]:
-    L = ["### Sealed split", "",
-         "Cases collected blind (label written before mldoctor ran, first answer recorded in the case and never "
-         "edited), never cited by any rule, signature, test, fixture or doc (a CI check, `tests/test_sealed.py`). "
-         "They are reported in aggregate only and are not part of the figures above; `bench/sealed.py` says how "
-         "the split is kept sealed.", ""]
-    if not ss.get("n"):
-        return L + ["No sealed case yet.", ""]
-    L += ["| measure | sealed |", "| --- | --- |",
-          f"| cases (fault / healthy) | {ss['n']} ({ss['faults']} / {ss['healthy']}) |",
-          f"| top-1 accuracy | {_pct(ss['top1'])} |", f"| top-3 accuracy | {_pct(ss['top3'])} |",
-          f"| right (top-1 and exact culprit ranks; healthy: no alarm) | {_pct(ss['right'])} |",
-          f"| job state right | {_pct(ss['state_ok'])} |",
-          f"| top-1 on cases kept as the whole ticket | {_pct(ss['tickets_top1'])} |",
-          f"| false alarms on healthy cases | {_pct(ss['false_alarms'])} |", "",
-          "| batch | cases | first sight top-1 | first sight top-3 | first sight right |", "| --- | --- | --- | --- | --- |"]
-    for name, b in sorted(ss.get("batches_first_sight", {}).items()):
-        L.append(f"| {name} | {b['n']} | {_pct(b['top1'])} | {_pct(b['top3'])} | {_pct(b['right'])} |")
-    shapes = ss.get("miss_shapes")
-    if shapes:
-        L += ["", "What today's wrong answers look like (counts over the split): "
-              f"nothing read at all {shapes['nothing_read']}, evidence read but no cause named "
-              f"{shapes['read_no_finding']}, a wrong cause named {shapes['wrong_cause']}, "
-              f"an alarm on a healthy case {shapes['alarm_on_healthy']}."]
-    return L + [""]
-
-
-def _render_alternatives(rows: list[dict[str, Any]]) -> list[str]:
-    L = ["## Side by side with the usual tools (same inputs, same run)", "",
-         "**py-spy alone.** Without mldoctor a user reads the raw dumps. The count below is the number of "
-         "distinct main-thread stacks in the case's raw py-spy dumps (exact frames as printed; a simple reader "
-         "of the text and --json formats, independent of mldoctor's parser): the stack groups a human has to "
-         "read and compare to find the odd rank.", "",
-         "| case | dumps | distinct main-thread stacks to read | mldoctor's answer | right |", "| --- | --- | --- | --- | --- |"]
-    for r in rows:
-        if r.get("pyspy"):
-            L.append(f"| {r['case']} | {r['pyspy']['dumps']} | {r['pyspy']['groups']} | {_cell(_said(r))} | "
-                     f"{'✓' if r['right'] else '✗'} |")
-    fr = [r for r in rows if r.get("torchfrtrace")]
-    L += ["", "**torchfrtrace** (`python -m torch.distributed.flight_recorder.fr_trace DIR`, torch's own analyzer, "
-          "reused from bench/bench_fr.py) on every case with flight-recorder dumps, renamed `_dump_<rank>` as its "
-          "help asks. \"Names the culprits\": the ranks in its `missing ranks` lines include every labelled culprit.", "",
-          "| case | dumps | torchfrtrace (s) | crashed | names the culprits | other ranks it names | mldoctor (s, in-process) | mldoctor right |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in fr:
-        t = r["torchfrtrace"]
-        crash = f"yes: {_cell(t['error'][:90])}" if t["crashed"] else "no"
-        names = "n/a (no culprit ranks)" if not r["truth"]["ranks"] else ("yes" if t["names_culprits"] else "no")
-        L.append(f"| {r['case']} | {t['dumps']} | "
-                 f"{_f(t['seconds'])} | {crash} | {names} | {t['extra']} | {_f(r['seconds'])} | {'✓' if r['right'] else '✗'} |")
-    if fr:
-        crashed = sum(r["torchfrtrace"]["crashed"] for r in fr)
-        ranked = [r for r in fr if r["truth"]["ranks"]]
-        named = sum(r["torchfrtrace"]["names_culprits"] for r in ranked)
-        ours = sum(r["ranks_ok"] is True for r in ranked)
-        L += ["", f"torchfrtrace crashed on {crashed}/{len(fr)} cases and named every culprit on {named}/{len(ranked)} "
-              f"cases with labelled ranks; mldoctor's first finding had exactly the culprit ranks on {ours}/{len(ranked)}. "
-              f"Median time: torchfrtrace {_f(_med([r['torchfrtrace']['seconds'] for r in fr]))} s (a new process), "
-              f"mldoctor {_f(_med([r['seconds'] for r in fr]))} s (in-process; the CLI adds its start-up, see --cli and --scale).", ""]
-    td = BENCH / "bench_traindoctor.py"
-    L += ["**train-doctor** on the single-process slow scripts: " + (
-        "see the output of `bench/bench_traindoctor.py` under *Other bench scripts* (`--other`)." if td.exists() else
-        "`bench/bench_traindoctor.py` (another engineer's) is not in this tree yet; `--other` runs it once it lands."), ""]
-    return L
-
-
-def _render_live(lv: dict[str, Any]) -> list[str]:
-    L = ["## Live: real jobs with injected faults", "",
-         f"`{lv['command']}`: each scenario of doctor/scenarios runs as a real 4-rank torchrun gloo job on the CPU "
-         "until its fault shows, then (1) py-spy alone: `py-spy dump` of every rank, one after the other, and the "
-         "number of distinct main-thread stacks a human reads, and (2) `mldoctor diagnose --pid <launcher> --json "
-         "--logs <job log>` (the job's own output, as a user would pass it; its `[mldoctor-scenario] ... injected` "
-         "marker lines are read by no rule or probe); the job and every process it started are killed afterwards.", "",
-         "| scenario | label | py-spy: time for all ranks (s) | py-spy: stacks to read | mldoctor live: time to verdict (s) | mldoctor said | right |",
-         "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in lv["results"]["rows"]:
-        label = (r["cause"] or "healthy") + (f" on {_ranks(r['culprits'])}" if r["culprits"] else "")
-        said = _said({"got": {"top": r.get("top") or []}, "error": r.get("error", "")})
-        L.append(f"| {r['scenario']} | {label} | {_f(r.get('pyspy_s'))} | {r.get('pyspy_groups', '-')} | "
-                 f"{_f(r.get('seconds'))} | {_cell(said)} | {'✓' if r['right'] else '✗'} |")
-    rows = lv["results"]["rows"]
-    L += ["", f"Right on {sum(r['right'] for r in rows)}/{len(rows)} live scenarios.", ""]
-    if lv["results"].get("scaling"):
-        L += [f"Time to verdict by rank count (bench/bench_live.py: extra_collective scenario, "
-              f"ranks {', '.join(map(str, lv['results']['scaling_ranks']))}, median of its --repeat runs):", "",
-              lv["results"]["scaling"].strip(), ""]
-    return L
-
-
-def _render_scale(sc: dict[str, Any]) -> list[str]:
-    r = sc["results"]
-    L = ["## Speed and scale", "", f"`{sc['command']}`. Medians of several runs, each in a fresh process "
-         "(peak RSS is that process's own).", "", "**CLI start** (bench/bench_core.py):", "", "```", r["cli_start"], "```", "",
-         "**Stacks at scale** (bench/bench_stacks.py's replication of real captured dumps; \"analysis\" = every "
-         "probe's sniff + parse + the cross-rank grouping + all rules, in one process; CLI = `mldoctor diagnose "
-         "--from DIR --json` end to end). py-spy alone has no analysis to time: its column is the number of distinct "
-         "main-thread stacks a human would have to read in the same files.", "",
-         "| ranks | files (MiB) | facts (s) | rules (s) | peak RSS (MiB) | CLI end to end (s) | CLI peak RSS (MiB) | groups mldoctor shows | distinct raw stacks (py-spy alone) |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for s in r["stacks"]:
-        L.append(f"| {s['ranks']} | {s['mib']:.0f} | {_f(s['facts_s'])} | {_f(s['rules_s'], '{:.3f}')} | {_f(s['inner_rss'], '{:.0f}')} | "
-                 f"{_f(s['cli_s'])}{'' if not s['cli_rc'] or s['cli_rc'] == 1 else ' (rc ' + str(s['cli_rc']) + ')'} | "
-                 f"{_f(s['cli_rss'], '{:.0f}')} | {s['groups']} | {s['raw_groups']} |")
-    L += ["", "**Flight recorder** (bench/bench_fr.py's cases: the four NVRx 16-rank cases and one replicated to "
-          "1,024 ranks; both tools as a new process on the same folder):", "",
-          "| case | dumps | culprits | mldoctor (s) | mldoctor peak RSS (MiB) | mldoctor FR part in-process (s) | mldoctor right | "
-          "torchfrtrace (s) | torchfrtrace peak RSS (MiB) | ratio (torchfrtrace / mldoctor) | torchfrtrace crashed | culprits it names | other ranks it names |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for f in r["fr"]:
-        ratio = f["tf_s"] / f["ours_s"] if f["ours_s"] else float("nan")
-        L.append(f"| {f['case']} | {f['ranks']} | {f['culprits']} | {_f(f['ours_s'])} | {_f(f['ours_rss'], '{:.0f}')} | "
-                 f"{_f(f['ours_fr_s'], '{:.3f}')} | {'✓ ' + f['ours_cause'] if f['ours_ok'] else '✗ ' + f['ours_cause']} | "
-                 f"{_f(f['tf_s'])} (n={f.get('tf_runs', '?')}) | {_f(f['tf_rss'], '{:.0f}')} | {_f(ratio, '{:.1f}x')} | "
-                 f"{'yes: ' + _cell(f['tf_error'][:80]) if f['tf_crashed'] else 'no'} | {f['tf_names']}/{f['culprits']} | {f['tf_extra']} |")
-    L.append("")
-    return L
 
 
 def load_data(path: Path = DOC) -> dict[str, Any]:

@@ -74,3 +74,14 @@ def test_reported_state_without_a_cause_is_not_healthy(tmp_path: Path) -> None:
         report = diagnose_path(folder)
         assert report.verdict["state"] == state, (text, report.verdict)
         assert report.exit_code == 3
+
+
+def test_a_sentence_of_plain_function_words_is_prose() -> None:
+    """A sentence whose only common words are ones like "than", "so", "other" (no "is", "we" or
+    "it") is still a sentence: before, such a one-line ticket gave no prose at all."""
+    from doctor.evidence import ticket
+
+    line = ("Building the token cache on rank 0 needs more than thirty minutes, longer than the "
+            "default process group timeout, so the other ranks give up.")
+    assert ticket.split(f"## The other ranks give up\n\n{line}\n").n_prose == 2  # the title and the sentence
+    assert not ticket.split("[rank0]:[W1203 10:42:01] ProcessGroupNCCL.cpp:1203 timeout so far 1800000 ms\n").n_prose

@@ -85,8 +85,11 @@ _WEAK = re.compile(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|Watchdog caught|CUDA er
                    r"|\b\w+Error: |Killed process \d+")
 #: Words of running text: a line with several of these and few symbols is prose.
 _PROSE_WORDS = re.compile(
-    r"\b(?:the|a|an|is|are|was|we|i|it|my|our|this|that|when|with|after|but|and|to|of|on|"
-    r"in|for|have|has|does|do|not|any|see|get|got|works?|job|training|hangs?|stuck|help)\b", re.I)
+    r"\b(?:the|a|an|is|are|was|were|we|i|it|my|our|this|that|when|with|after|but|and|to|of|on|"
+    r"in|for|have|has|does|do|not|any|see|get|got|works?|job|training|hangs?|stuck|help|"
+    # English function words a sentence rarely lacks and a log line rarely has several of
+    r"than|so|more|other|they|them|their|there|then|because|since|until|while|before|"
+    r"also|only|even|still|very|too|which|what|why|how|could|would|should|can|will|been)\b", re.I)
 
 MAX_BLOCKS = 500
 

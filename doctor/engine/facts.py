@@ -365,9 +365,7 @@ def _written_note(sample: Sample) -> bool:
     ticket hands its machine lines to the probes and its sentences to the symptoms reader,
     instead of dropping the whole file. Project docs (README, LICENSE...) stay ignored."""
     name = sample.name.lower()
-    if sample.is_binary or not sample.size or name.startswith(ticket.PROJECT_DOCS):
-        return False
-    return name.endswith(_NOTE_SUFFIXES) or "." not in name
+    return ticket.is_text_note(sample) and (name.endswith(_NOTE_SUFFIXES) or "." not in name)
 
 
 def _pieces(item: Item, probes: tuple[Any, ...], scratch: ticket.Scratch, ev: dict[str, Any]) -> list[Item]:

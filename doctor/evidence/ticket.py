@@ -307,11 +307,17 @@ def _marked(text: str) -> bool:
     return ("&" in text and _ENTITY.search(text) is not None) or _LINE_MARKERS.search("\n" + text) is not None
 
 
+def is_text_note(sample: Sample) -> bool:
+    """Text someone could have written about the incident: not binary, not empty, and not one of
+    a project's own docs (README, LICENSE...), whose quoted lines would count twice."""
+    return not sample.is_binary and bool(sample.size) and not sample.name.lower().startswith(PROJECT_DOCS)
+
+
 def is_document(sample: Sample) -> bool:
     """Is this file a written document (a ticket, an issue, a chat paste) rather than raw
     evidence? Markup a log never has plus some prose; without markup, only a Markdown file or
     a paste (a name with no suffix, as stdin's) that reads mostly as sentences."""
-    if sample.is_binary or not sample.size or sample.name.lower().startswith(PROJECT_DOCS):
+    if not is_text_note(sample):
         return False
     text = sample.text
     if _JSON_HEAD.match(text):  # a JSON document (a dump, a metrics file) is data, not a ticket

@@ -206,6 +206,22 @@ def test_findings_fix_and_copy_command() -> None:
     run(Session(EV / "extra_collective"), body)
 
 
+def test_late_playbook_commands_after_quit_are_dropped() -> None:
+    """The playbook's commands are read in a thread; when their answer arrives after the app has
+    quit (a user pressing q at once, or a script leaving run_test), it is dropped instead of
+    failing the exit with NoMatches (seen in bench/bench_tui.py under load)."""
+    holder: dict[str, object] = {}
+
+    async def body(pilot) -> None:  # noqa: ANN001
+        await settled(pilot)
+        holder["pane"] = pilot.app.query_one("FindingsPane")
+
+    run(Session(EV / "extra_collective"), body)
+    pane = holder["pane"]
+    pane._commands_loaded("collective_mismatch", [("nvidia-smi", "why")])  # type: ignore[attr-defined]
+    assert pane.commands == [] or pane.commands[0][0] != "nvidia-smi"  # type: ignore[attr-defined]
+
+
 def test_mouse_opens_a_finding_and_a_tab_and_help_shows_keys() -> None:
     async def body(pilot) -> None:  # noqa: ANN001
         app = pilot.app

@@ -7,6 +7,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
@@ -80,7 +81,12 @@ class FindingsPane(Vertical):
         self.app.call_from_thread(self._commands_loaded, cause, commands)
 
     def _commands_loaded(self, cause: str, commands: list[tuple[str, str]]) -> None:
-        idx = self.query_one("#finding-list", OptionList).highlighted
+        # The read ran in a thread: the app may have quit (its widgets removed) meanwhile, and a
+        # late answer must not fail the app's exit with NoMatches.
+        try:
+            idx = self.query_one("#finding-list", OptionList).highlighted
+        except NoMatches:
+            return
         if self.report is not None and idx is not None and idx < len(self.report.findings) \
                 and self.report.findings[idx].cause == cause:
             self._set_commands(commands)

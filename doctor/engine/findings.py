@@ -39,6 +39,9 @@ class Finding:
     also_fired: list[str] = field(default_factory=list)
     #: What evidence the rule lacked and what would settle it ('' when the rule needs nothing more).
     missing: str = ""
+    #: A prior from the reporter's words alone (a rule tagged ``differential``): the most common
+    #: cause of what they describe, not evidence of it; it always ranks after every other finding.
+    differential: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +85,7 @@ def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[lis
             ranks=r.ranks, hosts=r.hosts or _hosts_of(r.ranks, facts), gpus=r.gpus, summary=r.summary,
             evidence=r.evidence,
             fix=playbooks.fix_steps(r.rule.cause), missing=r.missing,
+            differential="differential" in r.rule.tags,
         )
         prev = by_cause.get(f.cause)
         if prev is None or f.score > prev.score:
@@ -90,5 +94,7 @@ def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[lis
             by_cause[f.cause] = f
         else:
             prev.also_fired.append(f.rule)
-    ordered = sorted(by_cause.values(), key=lambda f: (-f.score, f.rule))
+    # A differential prior never outranks a finding read from evidence (or a cause the reporter
+    # names), whatever its confidence: the order is guaranteed here, not only by the scale.
+    ordered = sorted(by_cause.values(), key=lambda f: (f.differential, -f.score, f.rule))
     return ordered, trace

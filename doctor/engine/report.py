@@ -39,8 +39,11 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        if any(f.severity in ACTIONABLE for f in self.findings):
+        actionable = [f for f in self.findings if f.severity in ACTIONABLE]
+        if actionable and not all(getattr(f, "differential", False) for f in actionable):
             return 1
+        if actionable:
+            return 3  # only differential priors: a guess from the reporter's words is inconclusive
         # No finding: 0 only when the job looks healthy; any other state is inconclusive.
         return 0 if self.verdict.get("state") == "healthy" else 3
 
@@ -69,6 +72,7 @@ class Report:
                     "ranks": f.ranks, "hosts": f.hosts, "gpus": f.gpus, "summary": f.summary,
                     "evidence": f.evidence, "fix": f.fix, "also_fired": f.also_fired,
                     **({"missing": f.missing} if f.missing else {}),
+                    **({"differential": True} if getattr(f, "differential", False) else {}),
                 }
                 for f in self.findings
             ],

@@ -137,7 +137,9 @@ def _verdict(findings: list[Any], facts: dict[str, Any], evaluable: int) -> dict
             culprits += f" ({', '.join(top.hosts[:4])}{'...' if len(top.hosts) > 4 else ''})"
         # A low-severity finding that cannot tell the job's state (partial evidence) is a lead,
         # and the headline says so rather than stating the cause as fact.
-        lead = "Possible cause, not confirmed: " if top.severity == "low" and top.state == "unknown" else ""
+        # So is a differential prior (the usual cause of what the reporter describes).
+        lead = "Possible cause, not confirmed: " if (top.severity == "low" and top.state == "unknown") or getattr(
+            top, "differential", False) else ""
         return {"state": state, "summary": f"{lead}{top.title}{culprits}: {top.summary}", "cause": top.cause}
     if evaluable == 0 or not facts.get("evidence", {}).get("kinds"):
         return {"state": observed if observed in ("hung", "crashed") else "unknown",

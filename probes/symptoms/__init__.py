@@ -20,11 +20,13 @@ from . import read
 
 #: Values each list can hold (the library's ``value`` fields); documented in the schema.
 STATES = "hang | slow | crash | oom | diverge"
-WHEN = "init | first_step | epoch_end | checkpoint | evaluation | after_steps | after_hours"
+WHEN = "init | first_step | epoch_end | checkpoint | evaluation | after_steps | after_hours | gradual"
 WHERE = "rank0_only | one_rank | one_node | multi_node | single_node_works | single_gpu_works"
 CHANGED = "driver | nccl | torch | cuda | container | nodes | code | data | config | versions (walkthrough: some library or driver)"
 FIXES = ("nccl_p2p_disable | nccl_ib_disable | nccl_shm_disable | num_workers_0 | fp32 | no_compile | "
          "bigger_shm | longer_timeout | smaller_batch | nccl_socket_ifname")
+
+CONTEXT = "fp16 | amp | bf16 | compile | high_lr | low_gpu_util"
 
 TOPICS = "cause ids of doctor/engine/taxonomy.yaml, from probes/symptoms/patterns/topics.yaml"
 
@@ -46,10 +48,14 @@ class SymptomsProbe(Probe):
     facts_schema: ClassVar[dict[str, str]] = {
         "symptoms.states": f"list<string>: job states the reporter asserts ({STATES}), first mentioned first",
         "symptoms.state": "string: the first asserted state, or ''",
+        "symptoms.firm_states": ("list<string>: the asserted states said outright in at least one sentence, "
+                                 "not only as a possibility ('it might hang'); what the differential rules read"),
         "symptoms.when": f"list<string>: when it happens ({WHEN})",
         "symptoms.where": f"list<string>: where it happens ({WHERE})",
         "symptoms.changed": f"list<string>: what changed before it started ({CHANGED})",
         "symptoms.fixes": f"list<string>: workarounds the reporter says helped ({FIXES})",
+        "symptoms.context": (f"list<string>: setup and signs the reporter names besides the state ({CONTEXT}), "
+                             "asserted like the others"),
         "symptoms.tried": "list<string>: workarounds the reporter mentions trying, whatever the outcome (values as fixes)",
         "symptoms.topics": (f"list<string>: causes the reporter's words name ({TOPICS}), first mentioned "
                             "first; a hint at low confidence, never machine evidence"),
@@ -64,6 +70,7 @@ class SymptomsProbe(Probe):
         "symptoms.phrases[].where": "string: document and line ('issue.md prose, line 12')",
         "symptoms.phrases[].asserted": "bool: counted as the reporter's statement",
         "symptoms.phrases[].why_not": "string: '' | negated | question | hedged (a guess: 'maybe', 'I suspect'; topics only)",
+        "symptoms.phrases[].guessed": "bool: a state said only as a possibility ('it might hang'); still asserted",
         "symptoms.sources": "list<string>: the documents the prose came from",
     }
 
@@ -83,7 +90,7 @@ class SymptomsProbe(Probe):
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
         phrases = [ph for p in parsed for ph in p.data["phrases"]]
         lists: dict[str, list[str]] = {k: [] for k in ("states", "when", "where", "changed", "fixes", "tried",
-                                                       "topics", "healthy")}
+                                                       "topics", "healthy", "context")}
         for ph in phrases:
             bucket = lists.get(ph["fact"])
             if bucket is not None and ph["asserted"] and ph["value"] not in bucket:
@@ -93,7 +100,11 @@ class SymptomsProbe(Probe):
         said = lists.pop("healthy")
         healthy = "ends_fine" in said or (bool(said) and not lists["states"])
         steps = next((p.data["after_steps"] for p in parsed if p.data.get("after_steps") is not None), None)
+        # a state is firm when one sentence says it outright, not only as a possibility
+        firm = [s for s in lists["states"] if any(ph["fact"] == "states" and ph["value"] == s and ph["asserted"]
+                                                   and not ph.get("guessed") for ph in phrases)]
         facts["symptoms"] = {**lists, "state": lists["states"][0] if lists["states"] else "", "healthy": healthy,
+                             "firm_states": firm,
                              "after_steps": steps, "phrases": phrases[:200],
                              "sources": sorted({p.path for p in parsed})}
 
@@ -101,12 +112,14 @@ class SymptomsProbe(Probe):
         """With no rule fired, what the reporter says the job did is still better than "healthy":
         a ticket that reads "training dies after two epochs" and quotes nothing mldoctor knows
         is a crashed job whose cause is not in the evidence, not a job with no problem. Only an
-        asserted state counts (not a negated or questioned one), and not when the reporter also
-        says the job ends well (then the alarming words describe warnings of a good run)."""
+        asserted state counts (not a negated or questioned one, nor one only supposed: "it might
+        hang"), and not when the reporter also says the job ends well (then the alarming words
+        describe warnings of a good run)."""
         sym = facts.get("symptoms") or {}
         if sym.get("healthy"):
             return None
-        said = next((s for s in sym.get("states") or [] if s in _REPORTED_STATE), "")
+        states = sym.get("firm_states") if "firm_states" in sym else sym.get("states")
+        said = next((s for s in states or [] if s in _REPORTED_STATE), "")
         if not said:
             return None
         return {"state": _REPORTED_STATE[said],

@@ -21,8 +21,10 @@ from doctor.evidence.patterns import MAX_TEXT, Pattern, load_library
 #: The fact lists a pattern may feed (``fact:`` in the library); ``outcome`` entries only tell
 #: whether a workaround named in the same sentence helped; ``topics`` entries name a cause of
 #: ``doctor/engine/taxonomy.yaml`` (``cause:``) the reporter's words point at; ``healthy``
-#: entries say the job runs fine (a question about it, not a fault report).
-FACTS = ("states", "when", "where", "changed", "fixes", "outcome", "topics", "healthy")
+#: entries say the job runs fine (a question about it, not a fault report); ``context`` entries
+#: name the setup or a sign the reporter mentions (fp16, torch.compile, low GPU utilization),
+#: which the differential rules (SYM054+) combine with the state.
+FACTS = ("states", "when", "where", "changed", "fixes", "outcome", "topics", "healthy", "context")
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\[])|\n\s*\n|(?<=[.!?])\s*\n")
 #: A negation in the few words before a phrase, in the same clause.
@@ -35,6 +37,13 @@ _CLAUSE_BREAK = re.compile(r"[,;:]|\bbut\b|\bhowever\b|\band\b|\bwhile\b", re.I)
 _HEDGE = re.compile(
     r"\b(?:maybe|perhaps|possibly|might|may be|could be|could it|suspect\w*|wonder\w*|guess\w*|not sure|"
     r"unsure|whether|rule[sd]? out|ruling out|instead of|rather than|unlike|unrelated)\b", re.I)
+#: A state said as a possibility rather than a report ("it might hang", "maybe it is just slow",
+#: "not sure whether it hangs"; a condition such as "if we use two nodes it hangs" still reports):
+#: still counted in ``states`` (the rules before the differential read it so), but marked
+#: ``guessed`` so that rules ranking causes by the state alone (the differential, SYM054+) act
+#: only on a state the reporter asserts outright.
+_STATE_GUESS = re.compile(
+    r"\b(?:maybe|perhaps|possibly|might|may|could|would|not sure|unsure|whether)\b", re.I)
 #: A question that presupposes what it names ("Why does training hang?", "How do I fix the CUDA
 #: OOM?") still reports it; a yes/no question ("Is it OOM?", "Could it be shm?") only guesses.
 _PRESUPPOSING = re.compile(
@@ -72,10 +81,13 @@ class Phrase:
     line: int
     asserted: bool
     why_not: str   # "" | negated | question | hedged
+    #: a state phrase in a clause that only supposes it ("it might hang"): asserted, but not firm
+    guessed: bool = False
 
     def to_json(self, rel: str) -> dict[str, Any]:
         return {"id": self.id, "fact": self.fact, "value": self.value, "text": self.text[:200],
-                "where": f"{rel}, line {self.line}", "asserted": self.asserted, "why_not": self.why_not}
+                "where": f"{rel}, line {self.line}", "asserted": self.asserted, "why_not": self.why_not,
+                "guessed": self.guessed}
 
 
 @lru_cache(maxsize=1)
@@ -120,6 +132,13 @@ def _hedged(sentence: str, start: int) -> bool:
     return bool(_HEDGE.search(before[cut[-1]:] if cut else before))
 
 
+def _guessed(sentence: str, start: int) -> bool:
+    """A state in a clause that only supposes it ("it might hang", "maybe it is slow")."""
+    before = sentence[max(0, start - 80):start]
+    cut = [b.end() for b in _CLAUSE_BREAK.finditer(before)]
+    return bool(_STATE_GUESS.search(before[cut[-1]:] if cut else before))
+
+
 def _last_clause(sentence: str) -> int:
     """Where the clause a question mark closes begins (0: the whole sentence)."""
     cut = [b.end() for b in _CLAUSE_BREAK.finditer(sentence)]
@@ -161,7 +180,8 @@ def phrases(text: str) -> list[Phrase]:
                 why = "negated"
             if not why and fact == "topics" and _hedged(s, m.start()):
                 why = "hedged"
-            out.append(Phrase(p.id, fact, value, s, line, not why, why))
+            guess = not why and fact == "states" and _guessed(s, m.start())
+            out.append(Phrase(p.id, fact, value, s, line, not why, why, guess))
     return out
 
 

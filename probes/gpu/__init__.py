@@ -7,7 +7,8 @@ a live host and on the files attached to a ticket:
   (schema ``mldoctor.gpu/1``), with optional short repeated sampling and Xid events;
 - ``nvidia-smi -q`` text, whole or pasted sections (:mod:`.smi_q`);
 - ``nvidia-smi --query-gpu=... --format=csv``, repeated rows from ``-l`` as samples (:mod:`.smi_csv`);
-- the default ``nvidia-smi`` table (:mod:`.smi_table`).
+- the default ``nvidia-smi`` table (:mod:`.smi_table`);
+- ``nvidia-smi dmon`` / ``pmon`` loops (:mod:`.smi_dmon`), dmon rows as samples.
 
 This module is the probe itself: which files are GPU evidence, which source wins when several
 describe one GPU, and the facts the rules read; the flags come from :mod:`.derive`.
@@ -30,6 +31,7 @@ from .nvml import _STATIC as _STATIC  # tests and the bench empty the static cac
 from .nvml import collect_document, init_nvml, load_nvml, nvml_reason, shutdown_nvml
 from .record import SCHEMA_ID, decode_reasons, device_label, empty_device
 from .smi_csv import csv_header_known, parse_smi_csv
+from .smi_dmon import looks_like_dmon, parse_dmon
 from .smi_q import looks_like_q_sections, parse_smi_q
 from .smi_table import SMI_TABLE_MARK, parse_smi_table
 
@@ -60,10 +62,11 @@ class GpuProbe(Probe):
         "tests/fixtures/gpu/public/*",
         "tests/fixtures/slow/gpu_*/bundle/hosts/*/gpu/gpu-round*.json",
         "tests/fixtures/stacks/gpu_cuda_hang/nvidia-smi.txt",
+        "tests/fixtures/host_tools/h200/*/nvidia-smi-*",
     )
     facts_schema: ClassVar[dict[str, str]] = {
         "gpu.source": "string: nvml | nvidia-smi (nvml when any NVML reading is present)",
-        "gpu.sources": "list<string>: every format read: nvml-json, smi-q, smi-csv, smi-table",
+        "gpu.sources": "list<string>: every format read: nvml-json, smi-q, smi-csv, smi-table, smi-dmon, smi-pmon",
         "gpu.n_devices": "int: GPUs seen",
         "gpu.driver_versions": "list<string>: distinct driver versions",
         "gpu.devices": "list<map>: one record per GPU (small: one per device)",
@@ -140,6 +143,7 @@ class GpuProbe(Probe):
         "gpu.samples[].power_median_w": "float: median power draw in W",
         "gpu.samples[].temp_max": "int: highest temperature in C",
         "gpu.samples[].reason_share": "map<string,float>: clock event reason -> share of samples it was active in",
+        "gpu.samples[].util_low_share": "float: share of samples with utilization <= 10 % (the GPU idle in that interval)",
         "gpu.samples[].fault_share": "float: share of samples with the most frequent fault reason active",
         "gpu.samples[].lost": "bool: some sample found the GPU lost",
         "gpu.pid_to_gpu": "map<string,list<string>>: pid -> GPU labels it has a context on",
@@ -211,6 +215,9 @@ class GpuProbe(Probe):
             return f'"{SCHEMA_ID}"' in text
         if text.find("NVSMI LOG", 0, 2000) != -1:
             return True
+        # dmon / pmon: a "# gpu" header line (bounded find first, the parse check only then)
+        if text.find("gpu ", 0, 4000) != -1 and text.find("#", 0, 4000) != -1 and looks_like_dmon(text[:4000]):
+            return True
         # the substring tests first: this runs on every file of a folder (16k stack dumps);
         # bounded finds rather than slices or splits, which copied the head for one search
         end = head.find("\n")  # the first non-blank line (head is left-stripped)
@@ -229,7 +236,11 @@ class GpuProbe(Probe):
             if stripped.startswith("{"):
                 return self._parse_json(text, rel, hints)
             first = next((ln for ln in text.splitlines()[:50] if ln.strip()), "")
-            if "NVSMI LOG" in text[:2000] or (not SMI_TABLE_MARK.search(text[:8000]) and csv_header_known(first) < 2):
+            if "NVSMI LOG" not in text[:2000] and looks_like_dmon(text[:4000]):
+                data = parse_dmon(text)
+                fmt = "smi-pmon" if data["devices"] and not data["samples"] and any(
+                    d["processes"] for d in data["devices"]) else "smi-dmon"
+            elif "NVSMI LOG" in text[:2000] or (not SMI_TABLE_MARK.search(text[:8000]) and csv_header_known(first) < 2):
                 data = parse_smi_q(text)
                 fmt = "smi-q"
             elif csv_header_known(first) >= 2:
@@ -282,7 +293,7 @@ class GpuProbe(Probe):
     # -- facts ----------------------------------------------------------------------------------
 
     def build(self, parsed: list[Parsed], facts: dict[str, Any]) -> None:
-        pref = {"nvml-json": 0, "smi-q": 1, "smi-csv": 2, "smi-table": 3}
+        pref = {"nvml-json": 0, "smi-q": 1, "smi-csv": 2, "smi-table": 3, "smi-dmon": 4, "smi-pmon": 5}
         merged: dict[tuple[str, str], dict[str, Any]] = {}
         formats: list[str] = []
         drivers: list[str] = []

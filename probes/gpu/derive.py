@@ -24,6 +24,8 @@ POWER_AT_CAP_FRAC = 0.90
 POWER_LIMIT_LOWERED_FRAC = 0.95
 #: A GPU counts as busy at or above this utilization ("a kernel was running" share; NVML).
 BUSY_UTIL_PCT = 50
+#: A sample at or below this utilization is an idle interval: no kernel ran for 90 % of it.
+IDLE_UTIL_PCT = 10
 #: Under load, a GPU whose SM clock trails its host peers' median by more than both of these is
 #: slower than its peers: GPUs of one node should stay within ~5 % (ml-engineering book) and a
 #: 100-200 MHz lag under load is the alert level a vendor glossary suggests (factryze, "SM clock").
@@ -78,6 +80,7 @@ def summarize_samples(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "power_median_w": round(statistics.median(power), 1) if power else None,
         "temp_max": max(temp) if temp else None,
         "reason_share": share,
+        "util_low_share": round(sum(1 for u in util if u <= IDLE_UTIL_PCT) / len(util), 3) if util else None,
         "fault_share": round(max((share.get(r, 0.0) for r in FAULT_REASONS), default=0.0), 3),
         "lost": any(r.get("lost") for r in rows),
     }

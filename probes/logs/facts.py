@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .partial import partial_facts
+
 MAX_EVENTS = 400                  # events kept in the facts (all hits are counted)
 EXAMPLES_PER_KIND = 8
 FIRST_FAILURE_WINDOW_S = 30.0     # timestamped first failures closer than this are ordered by kind
@@ -19,7 +21,7 @@ FIRST_FAILURE_WINDOW_S = 30.0     # timestamped first failures closer than this 
 WAIT_KINDS = frozenset({
     "watchdog_timeout", "watchdog_progress", "gloo_timeout", "store_timeout", "init_timeout",
     "peer_connection_lost", "nccl_remote_error", "store_connection_lost", "nccl_teardown",
-    "desync_report", "launcher_teardown", "process_abort",
+    "desync_report", "launcher_teardown", "process_abort", "barrier_missing_ranks", "dump_signal",
 })
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 
@@ -178,6 +180,8 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
     out["init_timeouts"] = [{"rank": e["rank"], "world_size": e["fields"].get("world_size"),
                              "joined": e["fields"].get("joined"), "text": e["text"]} for e in inits][:50]
     out["init_missing_ranks"] = _init_missing(inits, out["world_size"])
+    out.update(partial_facts(scans, waits, out["world_size"], set(failed),
+                             {ex["rank"] for ex in exits if ex["rank"] is not None}, events))
     if first is not None:
         out["first_failure"] = _clean(first)
     if first_error is not None:
@@ -241,7 +245,7 @@ def _cap_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _dedupe_waits(waits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for w in waits:
-        seen.setdefault((w["rank"], w["host"], w["seq"], w["op"], w["backend"]), w)
+        seen.setdefault((w["rank"], w["host"], w["seq"], w["op"], w["backend"], w.get("pg", "")), w)
     return list(seen.values())[:500]
 
 

@@ -62,6 +62,11 @@ _FLOAT_FIELDS = {"scale", "scale2", "attempted", "attempted2"}
 _NCCL = re.compile(r"^(?:\[\d{4}-\d\d-\d\d [\d:.]+\] )?(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL (?P<level>INFO|WARN|TRACE|ABORT|ERROR)\b")
 _SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?) (?P<host>[\w.-]+) kernel:")
 _IN_MSG_RANK = re.compile(r"\[(?:PG ID \d+ PG GUID [^\]]*? )?Rank (?P<rank>\d+)\]")
+# The process group a ProcessGroupNCCL line speaks for: logPrefix() writes "[PG ID <uid> PG GUID
+# <guid>(<desc>) Rank <r>]" since torch 2.3 ("[PG <uid> Rank <r>]" in 2.2); older lines name no
+# group. Sequence numbers count per group, so timeouts are compared within one group only.
+# source: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (ProcessGroupNCCL::createLogPrefix)
+_PG = re.compile(r"\[PG (?:ID )?(?P<uid>\d+)(?: PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<desc>[^)\]]*)\))?)? Rank \d+\]")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug",
                                        "Sep", "Oct", "Nov", "Dec"), 1)}
 _T_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d+))?")
@@ -164,6 +169,8 @@ class Scan:
     recompile_functions: dict[str, int] = field(default_factory=dict)
     pid_rank: dict[int, int] = field(default_factory=dict)
     waits: list[dict[str, Any]] = field(default_factory=list)  # every collective timeout seen
+    progress: list[dict[str, Any]] = field(default_factory=list)  # NCCL queue positions (enqueued/completed)
+    comm_inits: dict[str, list[Any]] = field(default_factory=dict)  # host:pid:comm -> [rank, nranks, commId, done]
     _tb: dict[Any, _Traceback] = field(default_factory=dict)
     _prev: tuple[Any, ...] | None = None  # the last line: body, lineno, rank, host, pid, hits, failed sigs
     _stamp: str = ""  # the container runtime's timestamp of the current line, if any
@@ -182,6 +189,7 @@ class Scan:
             "init_complete": len(self.init_complete), "comm_devices": self.comm_devices,
             "loss_scales": self.loss_scales[-2000:], "recompile_functions": self.recompile_functions,
             "pid_rank": {str(k): v for k, v in self.pid_rank.items()}, "waits": self.waits,
+            "progress": self.progress, "comm_inits": self.comm_inits,
         }
 
 
@@ -502,7 +510,7 @@ def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
     host = host or fields.get("host") or scan.host_hint
     if host:
         scan.hosts.add(host)
-    _aggregate(scan, sig, fields, host, pid, rank)
+    _aggregate(scan, sig, fields, host, pid, rank, body)
     if scan.sig_counts[sig.id] > EVENTS_PER_SIG:
         return
     when, ts = parse_time(body, scan.year)
@@ -516,15 +524,34 @@ def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
     })
 
 
+def pg_of(body: str) -> str:
+    """The process group a watchdog line names ('0', '0(default_pg)'), '' when it names none."""
+    if "[PG " not in body:
+        return ""
+    m = _PG.search(body[:400])
+    if not m:
+        return ""
+    return m.group("uid") + (f"({m.group('desc')})" if m.group("desc") else "")
+
+
 def _aggregate(scan: Scan, sig: Signature, f: dict[str, Any], host: str | None, pid: int | None,
-               rank: int | None) -> None:
+               rank: int | None, body: str = "") -> None:
     """Fold every hit (not only the kept events) into the file's aggregates."""
     k = sig.kind
     if k in ("watchdog_timeout", "gloo_timeout"):
         if len(scan.waits) < MAX_EXITS:
             scan.waits.append({"rank": rank, "host": host or "", "backend": "gloo" if k == "gloo_timeout" else "nccl",
                                "seq": f.get("seq"), "op": f.get("op"), "numel_in": f.get("numel_in"),
-                               "timeout_ms": f.get("timeout_ms"), "ran_ms": f.get("ran_ms")})
+                               "timeout_ms": f.get("timeout_ms"), "ran_ms": f.get("ran_ms"), "pg": pg_of(body)})
+    elif k in ("watchdog_progress", "dump_signal"):
+        # where this rank's NCCL queue stood when the watchdog fired (its own timeout) or when a
+        # peer's timeout asked it to dump: the pg_status triple of the flight recorder, in a log
+        if isinstance(f.get("last_enqueued"), int) and isinstance(f.get("last_completed"), int) \
+                and len(scan.progress) < MAX_EXITS:
+            scan.progress.append({"rank": rank, "host": host or "", "pg": pg_of(body),
+                                  "seq": f.get("seq") if isinstance(f.get("seq"), int) else None,
+                                  "last_enqueued": f["last_enqueued"], "last_completed": f["last_completed"],
+                                  "own": k == "watchdog_progress"})
     elif k == "nccl_version" and f.get("nccl_version"):
         scan.nccl_versions.setdefault(host or "", set()).add(str(f["nccl_version"]))
     elif k == "nccl_transport" and f.get("transport"):
@@ -534,6 +561,12 @@ def _aggregate(scan: Scan, sig: Signature, f: dict[str, Any], host: str | None, 
     elif k in ("nccl_init_complete", "nccl_init_start"):
         if k == "nccl_init_complete":
             scan.init_complete.add((host or "", pid or 0))
+        key = f"{host or ''}:{pid or 0}:{f.get('comm')}"
+        if f.get("comm") and (len(scan.comm_inits) < MAX_EXITS or key in scan.comm_inits):
+            # each communicator's start and completion (NCCL src/init.cc prints both with the
+            # comm pointer): a start never completed is a rank stuck in communicator setup
+            rec = scan.comm_inits.setdefault(key, [f.get("comm_rank"), f.get("nranks"), str(f.get("comm_id") or ""), False])
+            rec[3] = rec[3] or k == "nccl_init_complete"
         if isinstance(f.get("nranks"), int):
             scan.world_size = max(scan.world_size, f["nranks"])
         if f.get("comm_id") and f.get("bus_id") is not None:

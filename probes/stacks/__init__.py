@@ -29,7 +29,9 @@ from doctor.probes.stacks.formats import (
     SNIFF_PYSPY,
     SNIFF_PYSPY_FRAME,
     SNIFF_TB,
+    has_interrupted,
     ide_frames,
+    interrupted,
     is_server_stacks,
     mostly_dump,
     parse_json,
@@ -50,6 +52,8 @@ __all__ = ["PROBE", "DumpError", "ProcDump", "StacksProbe", "ThreadSum", "analyz
            "dump_pid", "find_pyspy", "parse_json", "parse_text", "summarize", "tb_is_exception"]
 
 _SNAP = re.compile(r"snap(?:shot)?[-_]?(\d{1,4})(?!\d)", re.I)
+#: a line that is a bare ``KeyboardInterrupt`` (after a launcher prefix): the end of a Ctrl-C traceback
+_KBI_LINE = re.compile(r"(?m)^(?:\[[^\]\n]{1,40}\]:\s?){0,3}\s*KeyboardInterrupt\s*$")
 #: ``pyspy-worker0-of-rank3.txt``, ``pyspy-worker4242-of-rank3-snap0.json``: a rank's child process
 _WORKER_NAME = re.compile(r"worker\d*[-_]of[-_]", re.I)
 
@@ -86,7 +90,7 @@ class StacksProbe(Probe):
         "stacks.n_ranks": "int: ranks with a main-thread stack (latest snapshot)",
         "stacks.n_members": "int: processes analysed as ranks, including dumps whose rank is unknown",
         "stacks.n_unranked": "int: rank processes whose rank could not be told (no prefix, RANK= line, manifest or file name)",
-        "stacks.formats": "list<string>: dump formats read: pyspy_text, pyspy_json, faulthandler, gdb (thread apply all bt, or a bare bt), gdb_pybt (gdb py-bt), traceback (traceback-style Python stacks: format_stack/print_stack), ide (an IDE's call-stack copy)",
+        "stacks.formats": "list<string>: dump formats read: pyspy_text, pyspy_json, faulthandler, gdb (thread apply all bt, or a bare bt), gdb_pybt (gdb py-bt), traceback (traceback-style Python stacks: format_stack/print_stack), keyboard_interrupt (the main thread's traceback at a Ctrl-C: where it was when someone interrupted a stuck job), ide (an IDE's call-stack copy)",
         "stacks.native": "bool: some dump has native (C/C++) frames (py-spy --native, gdb)",
         "stacks.snapshots": "int: distinct snapshots (a file named *snap<k>*, or repeated dumps of one process in a file)",
         "stacks.states": "list<string>: every thread state the classifier knows (see probes/stacks/classify.py STATES)",
@@ -193,10 +197,16 @@ class StacksProbe(Probe):
 
     #: torch's debug server dumps and pages belong to the debug_server kind (who answered); the
     #: stacks inside them, one section per rank, are read here too so every stack rule applies.
-    also_reads: ClassVar[frozenset[str] | None] = frozenset({"debug_server"})
+    #: A log (the logs kind's file) that holds a traceback ending in KeyboardInterrupt is read too:
+    #: a Ctrl-C on a stuck job leaves each rank's main-thread stack in the launcher's output.
+    also_reads: ClassVar[frozenset[str] | None] = frozenset({"debug_server", "logs"})
 
     def also_sniff(self, sample: Sample) -> bool:
-        return not sample.is_binary and is_server_stacks(sample.text)
+        if sample.is_binary:
+            return False
+        text = sample.text
+        return is_server_stacks(text) or ("KeyboardInterrupt" in text and bool(_KBI_LINE.search(text))
+                                          and bool(SNIFF_TB.search(text)) and has_interrupted(text))
 
     def sniff(self, sample: Sample) -> bool:
         text = sample.text
@@ -211,7 +221,7 @@ class StacksProbe(Probe):
         # looser shapes pasted into issue threads: traceback-style Python stacks (py-bt,
         # format_stack) and IDE call stacks; an exception traceback is a log's crash report
         lines = text.splitlines()[:2000]
-        if len(SNIFF_TB.findall(text)) >= 2 and not tb_is_exception(lines):
+        if len(SNIFF_TB.findall(text)) >= 2 and (not tb_is_exception(lines) or interrupted(lines)):
             return mostly_dump(lines)
         if ide_frames(lines) >= 2:
             return mostly_dump(lines)

@@ -37,7 +37,7 @@ class ProcDump:
     pid: int | None
     rank: int | None
     role: str  # rank | worker (DataLoader) | child (other child of a rank) | launcher | helper
-    fmt: str  # pyspy_text | pyspy_json | faulthandler | gdb | gdb_pybt | traceback | ide
+    fmt: str  # pyspy_text | pyspy_json | faulthandler | gdb | gdb_pybt | traceback | keyboard_interrupt | ide
     native: bool
     snapshot: int
     main: ThreadSum | None

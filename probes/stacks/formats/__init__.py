@@ -44,6 +44,7 @@ from doctor.probes.stacks.formats.traceback import (
     TB_FRAME,
     TB_HEAD,
     TB_THREAD,
+    interrupted,
     parse_pytb,
     pybt_entry,
     tb_is_exception,
@@ -79,6 +80,15 @@ def parse_text(text: str) -> tuple[list[RawProc], list[str]]:
             procs = parse_gdb(stream, notes)
         elif SNIFF_TB.search(joined_head) and not tb_is_exception(stream):
             procs = parse_pytb(stream, notes)
+        elif "KeyboardInterrupt" in joined_head or (prefix is None and "KeyboardInterrupt" in text):
+            # a Ctrl-C on a stuck job: where the main thread was (formats/traceback.interrupted)
+            inner, bare = _unnest(stream)
+            kbi = interrupted(bare)
+            procs = parse_pytb(kbi, notes) if kbi else []
+            for p in procs:
+                p.fmt = "keyboard_interrupt"
+                if rank is None and inner is not None:
+                    p.rank, p.rank_source = inner, "prefix"
         elif ide_frames(stream[:400]) >= 2:
             procs = parse_ide(stream, notes)
         else:
@@ -92,6 +102,33 @@ def parse_text(text: str) -> tuple[list[RawProc], list[str]]:
     if notes and notes[0].startswith("file ends") and out:
         out[-1].truncated = True
     return out, notes
+
+
+def has_interrupted(text: str) -> bool:
+    """Does some launcher stream of this text hold a traceback that ends in KeyboardInterrupt
+    (see :func:`doctor.probes.stacks.formats.traceback.interrupted`)? Asked only of texts that
+    name KeyboardInterrupt, so a log without one costs a substring search."""
+    lines = text.splitlines()
+    streams = split_streams(lines) if text.startswith("[") or "\n[" in text else [(None, lines)]
+    return any(interrupted(_unnest(stream)[1]) for _, stream in streams)
+
+
+def _unnest(stream: list[str]) -> tuple[int | None, list[str]]:
+    """A launcher stream whose lines carry a second prefix (torchrun --tee's ``[default0]:`` around
+    torch's excepthook ``[rank0]: ``): the global rank the inner prefix names, and the lines
+    without it."""
+    rank: int | None = None
+    out = []
+    for ln in stream:
+        m = PREFIX.match(ln) if ln.startswith("[") else None
+        if m:
+            r, _ = rank_from_prefix(m.group(1))
+            if r is not None:
+                rank = r if rank is None else rank
+                ln = ln[m.end():]
+                ln = ln[1:] if ln.startswith(" ") else ln
+        out.append(ln)
+    return rank, out
 
 
 def mostly_dump(lines: list[str]) -> bool:
@@ -142,5 +179,5 @@ def _dump_line(ln: str) -> bool:
                 or ("!" in ln and IDE_FRAME.match(ln)) or IDE_OTHER.match(ln))
 
 
-__all__ = ["JSON_START", "is_server_stacks", "SNIFF_FH", "SNIFF_GDB", "SNIFF_GDB_BARE", "SNIFF_PYSPY", "SNIFF_PYSPY_FRAME", "SNIFF_TB", "ide_frames",
+__all__ = ["JSON_START", "has_interrupted", "interrupted", "is_server_stacks", "SNIFF_FH", "SNIFF_GDB", "SNIFF_GDB_BARE", "SNIFF_PYSPY", "SNIFF_PYSPY_FRAME", "SNIFF_TB", "ide_frames",
            "mostly_dump", "parse_json", "parse_text", "search_lines", "tb_is_exception"]

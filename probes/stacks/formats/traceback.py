@@ -1,6 +1,8 @@
 """Traceback-style Python stacks (gdb ``py-bt``, ``traceback.format_stack`` recipes): they print
 no order marker, so the order is read from where the entry frames stand; an exception
-traceback is a log's crash report and is left to the log reader.
+traceback is a log's crash report and is left to the log reader, except one: a traceback that
+ends in ``KeyboardInterrupt`` is where the main thread was when someone pressed Ctrl-C on a job
+that had stopped making progress, so it is read as that thread's stack (:func:`interrupted`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,47 @@ def _short_py_path(path: str) -> str:
     ``/usr/lib/python2.7/threading.py`` -> ``threading.py``: the short names py-spy prints, so
     the same frame reads the same whatever tool dumped it; other paths stay whole."""
     return _PY_PREFIX.sub("", path) if path.startswith("/") else path
+
+
+#: the exception a Ctrl-C raises in the main thread (``KeyboardInterrupt`` with or without a message)
+_KBI = re.compile(r"^KeyboardInterrupt(?::.*)?$")
+
+
+def interrupted(lines: list[str]) -> list[str]:
+    """The lines of the first traceback that ends in ``KeyboardInterrupt``, [] when none.
+
+    Why the first: a Ctrl-C that lands in a wait raises there; a second traceback chained to it
+    ("During handling of the above exception ...") is cleanup code that ran afterwards, not where
+    the thread was stuck. Why only the main thread's: Python delivers the signal to the main
+    thread only, so the traceback is that thread's stack at the moment of the Ctrl-C. A launcher
+    that forwards the signal (torchrun) makes every rank that was running Python print one; a
+    rank blocked inside a C++ call (a NCCL or gloo wait) prints nothing until the call returns."""
+    start = -1
+    frames = 0
+    chained = False
+    for i, ln in enumerate(lines[:20000]):
+        s = ln.strip()
+        if s.startswith("Traceback (most recent call last)"):
+            # a traceback chained to an earlier exception is the handler's, not the wait's
+            start, frames, chained = (-1 if chained else i), 0, False
+            continue
+        if s.startswith(_TB_CHAINED) or s == "Error in sys.excepthook:":
+            # the handler's traceback (an exception while handling one, or in the hook that
+            # prints it) says where the handler was, not where the thread was stuck
+            chained, start = True, -1
+            continue
+        if start < 0:
+            continue
+        if TB_FRAME.match(ln):
+            frames += 1
+            continue
+        if not s or ln[0] in " \t" or s.startswith(("^", "~")):
+            continue  # source lines and carets under a frame
+        if _KBI.match(s) and frames:
+            return lines[start:i + 1]
+        if _TB_EXC.match(s):
+            start = -1  # another exception: its traceback is a crash report, not a stack
+    return []
 
 
 def tb_is_exception(lines: list[str]) -> bool:

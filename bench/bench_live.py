@@ -57,10 +57,13 @@ def once(pid: int, out: Path, tree: Path | None = None) -> dict[str, Any]:
     n_windows = len({a["path"].rsplit("-rank", 1)[0] for a in manifest["artifacts"]
                      if a["kind"] == "samples" and "-rank" in a["path"]})
     first = next((s["t"] for s in report["trace"] if s["action"] == "rules"), wall)
+    # a kept slice that ended before its length on step evidence (doctor/live/window.py)
+    ended_early = any(s["action"] == "window" and "ended after" in s["detail"] for s in report["trace"])
     top = report["findings"][0]["cause"] if report["findings"] else "-"
     last = report["trace"][-1]["t"] if report["trace"] else wall
     return {"wall": wall, "first": first, "last": last, "pauses": pauses, "top": top, "state": report["verdict"]["state"],
-            "windows": n_windows, "window_s": windows, "tree": str(tree) if tree else "current"}
+            "windows": n_windows, "window_s": windows, "ended_early": ended_early,
+            "tree": str(tree) if tree else "current"}
 
 
 def p90(xs: list[float]) -> float:
@@ -97,6 +100,7 @@ def main() -> None:
           "runs with a sampling window | pause per dump median / max | verdict | top cause |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     every: list[dict[str, Any]] = []
+    load0 = os.getloadavg()
     for n in args.ranks:
         base = None
         for scenario in args.scenarios:
@@ -124,6 +128,9 @@ def main() -> None:
                 print(row(n, f"{scenario} (baseline tree)", old, med, "vs current"), flush=True)
                 print(f"<!-- {scenario}, {n} ranks: current/baseline median ratio "
                       f"{med / statistics.median(r['wall'] for r in old):.2f} -->", flush=True)
+    # The host is often shared: the load says how far the absolute figures are from a quiet one.
+    print(f"<!-- load average (1, 5, 15 min) at start {', '.join(f'{x:.1f}' for x in load0)}, at the end "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; {os.cpu_count()} cores -->", flush=True)
     if args.runs_out:
         args.runs_out.write_text(json.dumps(every, indent=1))
 

@@ -3,9 +3,10 @@
 The loop is deliberately plain: a first round of probes, a second stack snapshot to tell hung
 from slow, then as many rounds as the leading hypotheses ask for (native stacks of an odd rank,
 another snapshot, a sampling window) until nothing new is asked or the time budget is spent. A
-rule-asked sampling window is only as long as the evidence needs (``doctor.live.window``): a short
-first slice, started alongside the first analysis when the job visibly progresses, and extended
-to ``--duration`` only while it cannot tell slow from hung.
+rule-asked sampling window is only as long as the evidence needs (``doctor.live.window``): when
+the job visibly progresses, a short first slice right after the first pass (read by the first
+analysis when it has ended by then), ended as soon as every rank's log shows a few new steps;
+extended to ``--duration`` only while it cannot tell slow from hung.
 Every step lands in the trace, and everything collected lands in a bundle, so the same verdict
 can be reproduced offline with ``mldoctor diagnose --from BUNDLE``.
 """
@@ -37,7 +38,7 @@ from doctor.evidence.contract import (
     one_line,
 )
 from doctor.live import targets, window
-from doctor.live.common import Interrupted, Progress, finish, out_folder
+from doctor.live.common import Interrupted, Progress, finish, import_cel_core, out_folder
 
 SNAPSHOT_GAPS = (1.0, 2.0, 4.0)  # seconds before snapshot 1, 2, 3: a slow step shows as movement
 PROBE_TIMEOUT = 10.0
@@ -49,7 +50,7 @@ class _Context(CollectContext):
 
     abandoned: bool = False
     #: Not None: artifacts are held here instead of written (an early sampling slice that
-    #: enters the bundle only if a rule asks for a window; ``commit`` writes them).
+    #: enters the bundle only once it is kept, ``Collector.keep_early``; ``commit`` writes them).
     held: list[tuple[str, bytes | str, dict[str, Any]]] | None = None
 
     def add(self, name: str, data: bytes | str, **kw: Any) -> Any:  # noqa: D102 - see CollectContext.add
@@ -86,9 +87,11 @@ class Collector:
     #: The early sampling slice in flight or done (``start_early``): probe name, thread, slot,
     #: context, window length, when it may be given up.
     early: dict[str, Any] | None = None
-    #: Seconds of rule-asked sampling window taken so far, and the ranks it covered.
+    #: Seconds of rule-asked sampling window taken so far, the ranks it covered, and the round
+    #: of its first slice (a further slice continues that window: ``samples.n_windows``).
     window_taken: float = 0.0
     window_ranks: list[int] | None = None
+    window_round: int | None = None
 
     def layout(self) -> dict[str, Any]:
         return {"world_size": self.job.world_size, "local_world_size": self.job.local_world_size,
@@ -118,7 +121,9 @@ class Collector:
         try:
             if not probe.collects_live():  # this kind is read from files only
                 raise ProbeSkipped("this evidence kind is read from files only")
-            probe.collect(ctx)
+            result = probe.collect(ctx)
+            if isinstance(result, dict):
+                slot["result"] = result
             status, reason = "ok", ""
         except ProbeSkipped as exc:
             status, reason = "skipped", one_line(exc)
@@ -189,35 +194,58 @@ class Collector:
         return run
 
     def start_early(self, round_no: int, duration: float) -> None:
-        """Start the first slice of a sampling window now, alongside the first analysis, with its
-        artifacts held back (``take_early`` keeps them, ``drop_early`` throws them away)."""
+        """Start the first slice of a sampling window now, with its artifacts held back until
+        ``keep_early`` commits them (the slice ended before the first analysis, or a rule asks
+        for a window); ``drop_early`` throws them away otherwise."""
         names = [p.name for p in plugins.probes() if p.runs_for_duration and p.collects_live()]
         if not names or self.early is not None:
             return
         slice_s = window.first_slice(None, duration)
         ranks = sorted(r.rank for r in self.job.ranks if r.rank is not None)
         self.say(f"sampling window: {slice_s:g} s of {names[0]} on ranks {','.join(map(str, ranks)) or '-'}, "
-                 "started early (most ranks' main threads wake up: the job progresses); kept only if a rule "
-                 "asks for a window")
-        self.trace.add("window", f"early {slice_s:g} s slice of {names[0]} alongside the first analysis; "
-                                 "kept only if a rule asks for a sampling window")
-        started = self._start(names[0], {"duration": slice_s}, round_no, slice_s, held=True)
+                 "started early (most ranks' main threads wake up: the job progresses); it ends sooner once "
+                 f"every rank's log shows {window.STEPS_PER_SLICE:g} new steps")
+        self.trace.add("window", f"early {slice_s:g} s slice of {names[0]} after the first pass (the job progresses: "
+                                 "healthy or straggler is the samples' question); read by the first analysis when "
+                                 "it has ended by then, else kept only if a rule asks for a window")
+        started = self._start(names[0], {"duration": slice_s, **window.early_end()}, round_no, slice_s, held=True)
         self.early = {"started": started, "duration": slice_s, "ranks": ranks, "round": round_no}
 
-    def take_early(self, name: str, ranks: list[int] | None) -> bool:
-        """A rule asks for ``name`` on ``ranks``: satisfy it with the early slice when that one
-        sampled the same probe on every rank asked for (and no more than the job's ranks)."""
+    def keep_early(self, only_if_done: bool = True) -> bool:
+        """Commit the early slice's artifacts so that the next analysis reads the samples with
+        the rest of the first pass. ``only_if_done``: only when the slice has already ended (it
+        ends early on step evidence), so the first analysis never waits for it; a slice still
+        running is left to ``take_early`` (a rule asks) or ``drop_early``. True when kept."""
         e = self.early
-        if e is None or e["started"][0] != name or e.get("used"):
+        if e is None or e.get("used"):
             return False
-        if ranks and set(ranks) != set(e["ranks"]):
-            return False
-        e["used"] = True
         name_, opts, t, slot, until, limit = e["started"]
-        self._finish(name_, opts, t, slot, until, limit, e["round"], note=" (started early, alongside the first analysis)")
-        self.window_taken += e["duration"]
-        self.window_ranks = ranks or None
+        if only_if_done and t.is_alive():
+            return False
+        e["used"] = e["kept"] = True
+        run = self._finish(name_, opts, t, slot, until, limit, e["round"], note=" (started after the first pass)")
+        result = slot.get("result") or {}
+        if result.get("ended_early"):
+            self.trace.add("window", f"the slice ended after {result.get('duration_s')} s of {e['duration']:g} s: "
+                                     f"{result['ended_early']}")
+        taken = result.get("duration_s")
+        if run.status == "ok":
+            self.window_taken += float(taken) if isinstance(taken, (int, float)) and taken > 0 else e["duration"]
+            self.window_ranks, self.window_round = None, e["round"]
         return True
+
+    def take_early(self, name: str, ranks: list[int] | None) -> str:
+        """A rule asks for ``name`` on ``ranks``. 'kept': the slice the analysis already read
+        sampled that probe on those ranks (nothing to collect); 'taken': the slice still held
+        covers them and is committed now (an analysis must read it); '': neither."""
+        e = self.early
+        if e is None or e["started"][0] != name:
+            return ""
+        if e.get("kept"):
+            return "kept" if not ranks or set(ranks) <= set(e["ranks"]) else ""
+        if ranks and set(ranks) != set(e["ranks"]):  # a held slice of other ranks is not what was asked
+            return ""
+        return "taken" if self.keep_early(only_if_done=False) else ""
 
     def drop_early(self) -> None:
         """The verdict needs no window: wait for the early slice's py-spy runs to end (none is
@@ -325,7 +353,7 @@ def diagnose_live(pids: list[int] | None = None, symptom: str | None = None,
     if progress is not None:
         progress(f"found {the_job.describe()}")
     # Compile the rules while the probes run and the snapshot gap passes (a cold start's ~1-2 s).
-    warm = threading.Thread(target=_warm_up, args=(rules_dirs,), daemon=True, name="mldoctor-warm-up")
+    warm = threading.Thread(target=_warm_up, args=(rules_dirs, trace), daemon=True, name="mldoctor-warm-up")
     warm.start()
     tmp = None
     if out is not None:
@@ -357,14 +385,19 @@ def diagnose_live(pids: list[int] | None = None, symptom: str | None = None,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _warm_up(rules_dirs: list[Path] | None) -> None:
-    """Compile the rules (cached) ahead of the first analysis."""
+def _warm_up(rules_dirs: list[Path] | None, trace: Trace | None = None) -> None:
+    """Compile the rules (cached) ahead of the first analysis; the trace says how long it took
+    (on a loaded host it is often what the first analysis waits for)."""
+    t0 = time.perf_counter()
     try:
+        import_cel_core()
         from doctor.engine import ruleset
 
-        ruleset.load_ruleset(rules_dirs)
-    except Exception:  # noqa: S110 - the analysis itself reports any problem, once
-        pass
+        n = len(ruleset.load_ruleset(rules_dirs).rules)
+    except Exception:  # the analysis itself reports any problem, once
+        return
+    if trace is not None:
+        trace.add("warm-up", f"{n} rules compiled in {time.perf_counter() - t0:.2f} s, alongside the first pass")
 
 
 def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str, Any], symptom: str | None,
@@ -375,14 +408,17 @@ def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str,
     configured = float(options.get("duration") or 10.0)
     # The user's own window (--symptom slow) keeps its length; a rule-asked one is adaptive.
     adaptive = not plugins.for_symptom(symptom)
-    # Most ranks' main threads waking: the job progresses, a short first slice will most likely
-    # settle it, and it can start now. Most ranks parked: a hang is likely and a short slice would
-    # only be extended, so a rule-asked window gets its full length at once.
+    # Most ranks' main threads waking: the job progresses, and healthy or straggler is a question
+    # only samples answer: a short slice starts now and runs while the rules compile; the first
+    # analysis reads it when it has ended by then (one analysis instead of two, no wait), else a
+    # rule that asks for a window takes it. Most ranks parked: a hang is likely and a short slice
+    # would only be extended, so a rule-asked window gets its full length at once.
     progressing = adaptive and window.progress_likely(bundle)
     if progressing and col.left() > window.MIN_SLICE + ANALYSIS_RESERVE:
         col.start_early(2, configured)
-    col.say("analyzing")
     warm.join(30)  # the rule cache is not locked: wait for the warm-up rather than compile twice
+    col.keep_early()  # the slice, when it already ended: one analysis instead of two, no wait
+    col.say("analyzing")
     report = _analyze(bundle, symptom, rules_dirs, trace, source)
     round_no, gap_i = 2, 1
     while True:
@@ -405,7 +441,11 @@ def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str,
                 col.done.add(key)
                 trace.add("follow-up", f"{fu['probe']} on ranks {ranks or 'all'}: {fu.get('why') or 'asked by ' + fu.get('rule', 'a rule')}")
                 timed = "duration" in opts or getattr(plugins.probe(name), "runs_for_duration", False)
-                if timed and adaptive and not opts.get("duration") and col.take_early(name, ranks):
+                got = col.take_early(name, ranks) if timed and adaptive and not opts.get("duration") else ""
+                if got == "kept":
+                    trace.add("window", f"{name} on ranks {ranks or 'all'}: answered by the slice already read")
+                    continue
+                if got:
                     took_early = True
                     continue
                 if timed:
@@ -413,8 +453,10 @@ def _loop(the_job: targets.Job, bundle: Bundle, trace: Trace, options: dict[str,
                         window.first_slice(report.facts, configured) if progressing and not col.window_taken
                         else configured)
                     opts = {**opts, "duration": _window(col, want)}
+                    if adaptive:
+                        opts.update(window.early_end())
                     if progressing and not col.window_taken and opts["duration"] < configured:
-                        col.window_taken, col.window_ranks = opts["duration"], ranks
+                        col.window_taken, col.window_ranks, col.window_round = opts["duration"], ranks, round_no
                         opts["why"] = (f"first slice of up to {configured:g} s; longer only if it cannot "
                                        "tell slow from hung")
                     elif adaptive and not progressing:
@@ -458,5 +500,6 @@ def _extend_window(col: Collector, report: Report, configured: float, trace: Tra
     more = _window(col, configured - col.window_taken)
     trace.add("follow-up", f"{names[0]}: window extended by {more:g} s after {col.window_taken:g} s: {why}")
     col.window_taken += more
-    return [(names[0], {"duration": more, "ranks": col.window_ranks, "window": "extended",
-                        "why": f"extends the {col.window_taken - more:g} s taken: {why}"})]
+    cont = {"continues": col.window_round} if col.window_round is not None else {}
+    return [(names[0], {"duration": more, "ranks": col.window_ranks, "window": "extended", **cont,
+                        **window.early_end(), "why": f"extends the {col.window_taken - more:g} s taken: {why}"})]

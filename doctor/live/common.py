@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,3 +69,24 @@ def finish(report: Report, trace: Trace, bundle: Bundle, out: Path | None, redac
     if out is not None:
         write_outputs(report, out, bundle=bundle, redact_hosts=redact_hosts)
     return report
+
+
+def import_cel_core() -> None:
+    """Import the CEL library without its command-line module. ``cel/__init__.py`` imports
+    ``cel.cli`` (typer, prompt_toolkit, rich, pygments: 0.15 s alone, 0.6-1.3 s on a host whose
+    cores the job keeps busy), which mldoctor never uses; the rules' first compile waits for it.
+    A placeholder stands in for ``cel.cli`` during the import and is removed after, so a later
+    ``import cel.cli`` still gets the real module."""
+    if "cel" in sys.modules:
+        return
+    stub = types.ModuleType("cel.cli")
+    sys.modules["cel.cli"] = stub
+    try:
+        import cel  # noqa: PLC0415 - the point is where and how it is imported
+    except ImportError:  # the analysis reports a missing library, once
+        return
+    finally:
+        if sys.modules.get("cel.cli") is stub:
+            del sys.modules["cel.cli"]
+    if getattr(cel, "cli", None) is stub:
+        delattr(cel, "cli")

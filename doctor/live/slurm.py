@@ -46,7 +46,8 @@ from doctor.engine.trace import Trace
 from doctor.evidence.bundle import MANIFEST, Bundle, ProbeRun, bad_relpath
 from doctor.evidence.contract import one_line
 from doctor.evidence.errors import UserError
-from doctor.live.common import FOLLOW_UP_ENV, finish, out_folder
+from doctor.live import window
+from doctor.live.common import FOLLOW_UP_ENV, finish, import_cel_core, out_folder
 
 ENV_SHARED_DIR = "MLDOCTOR_SLURM_SHARED_DIR"
 ENV_NODE_TIMEOUT = "MLDOCTOR_SLURM_NODE_TIMEOUT"
@@ -495,6 +496,8 @@ def plan_follow_ups(report: Report, answered: list[str], done: set[tuple[str, st
             on = [n for n in on if n in answered]
             if not on:
                 continue
+            if getattr(plugins.probe(name), "runs_for_duration", False):
+                opts = {**opts, **window.early_end()}  # a rule-asked window ends once decisive, per node
             trace.add("follow-up", f"{fu['probe']} on ranks {ranks or 'all'} ({', '.join(on)}): "
                                    f"{fu.get('why') or 'asked by ' + fu.get('rule', 'a rule')}")
             requests.append((name, {**opts, "ranks": ranks}))
@@ -527,6 +530,7 @@ def _controller_slurm_evidence(bundle: Bundle, job_id: str, env: dict[str, str],
 def _warm_up(rules_dirs: list[Path] | None) -> None:
     """Import the evidence kinds and compile the rules (both cached) ahead of the analysis."""
     try:
+        import_cel_core()
         from doctor.engine import ruleset as engine
         from doctor.evidence import plugins
 

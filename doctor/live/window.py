@@ -15,10 +15,21 @@ does a longer look pay. So the window here is adaptive:
   ``--duration`` (the old fixed window), so a hang is still told from a slow step with the same
   evidence as before;
 * when the two stack/process readings of the first pass already show most ranks' main threads
-  waking up (a job that makes progress, whose only open question is healthy or straggler), the
-  first slice starts *early*, alongside the first analysis, and its artifacts are held back: they
-  enter the bundle only if a rule asks for a window, so a job no rule doubts is judged exactly as
-  before, just without waiting for the window afterwards.
+  waking up (a job that makes progress, whose only open question is healthy or straggler, which
+  only samples answer), the first slice starts *early*, right after the first pass, while the
+  rules compile. When it has ended by the time they are compiled, the first analysis reads it
+  with the rest of the first pass (one analysis instead of a second one after a rule asked for
+  the window, and no wait); when it still runs, the first analysis goes ahead without it and its
+  held artifacts enter the bundle only if a rule asks for a window, as before.
+
+* a rule-asked slice (first, early or extended) ends before its length once the evidence is
+  decisive: every sampled rank's own step counter, read from the log lines it writes during the
+  slice (``step 120``, ``iter=120`` ... attributed by the ``[rankN]:`` prefix, a ``rank N`` in
+  the line, or a log only that rank writes), named ``STEPS_PER_SLICE`` new step numbers, and the
+  slice has lasted ``MIN_EARLY_S``. Then no rank is hung, the slice spans the steps a verdict
+  needs, and the samples already hold at least 50 per rank. A rank that logs no step, a log
+  that is a pipe, or a hang (no new step anywhere) leaves the slice its full length, so hung
+  versus slow is told from the same evidence as before (``probes/samples/live.py StepWatch``).
 
 A ``--symptom slow`` window is the user's and keeps its ``--duration``.
 """
@@ -37,6 +48,16 @@ from doctor.evidence.bundle import Bundle
 MIN_SLICE = 2.0
 #: Steps a slice should cover for a waiting rank to have left its wait at least a few times.
 STEPS_PER_SLICE = 3.0
+#: Shortest slice that may end early on step evidence (s): 50 samples per rank at 50 Hz, 2.5
+#: times what the time shares need (MIN_SAMPLES), so a cut slice still measures every rank.
+MIN_EARLY_S = 1.0
+
+
+def early_end() -> dict[str, Any]:
+    """The sampling probe's options that let a rule-asked slice end once it is decisive (see
+    the module docstring): stop after every rank's log named ``STEPS_PER_SLICE`` new step
+    numbers, never before ``MIN_EARLY_S``."""
+    return {"stop_after_steps": int(STEPS_PER_SLICE), "min_window_s": MIN_EARLY_S}
 
 
 def step_time(facts: dict[str, Any]) -> float | None:

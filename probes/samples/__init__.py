@@ -22,6 +22,7 @@ import json
 import math
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -30,7 +31,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from doctor.probes.samples import timeshare as ts
-from doctor.probes.samples.live import PYSPY_DONE, failure, find_pyspy, source_lines
+from doctor.probes.samples.live import (
+    PYSPY_DONE,
+    StepWatch,
+    failure,
+    find_pyspy,
+    source_lines,
+    wait_decisive,
+)
 from doctor.probes.samples.profiles import (
     PROC_HDR,
     RAW_LINE,
@@ -95,7 +103,8 @@ class SamplesProbe(Probe):
         "samples.ranks": "list<int>: ranks with a sampling profile",
         "samples.n_ranks": "int: how many",
         "samples.rate_hz": "int: sampling rate of the live window (0 when unknown: loose files)",
-        "samples.duration_s": "float: length of the live window (0 when unknown)",
+        "samples.duration_s": "float: length of the live window, its slices added up; a slice ended early on "
+                              "step evidence counts what it sampled (0 when unknown)",
         "samples.samples_total": "int: main-thread samples over all ranks",
         "samples.categories": "list<string>: the time-share categories (probes/samples/timeshare.py CATEGORIES): "
                               + ", ".join(ts.CATEGORIES),
@@ -134,7 +143,8 @@ class SamplesProbe(Probe):
                                 "Python stack (blocked, or one endless line)",
         "samples.progress": "string: hung | progressing | '' from the window: ranks that wait in collectives "
                             "never leave them (hung) or do (steps complete); job.observed_state uses it",
-        "samples.n_windows": "int: sampling windows read (live rounds; loose files count as one)",
+        "samples.n_windows": "int: sampling windows read (live rounds; a slice that extends a window is part of "
+                             "it; loose files count as one)",
         "samples.windows_over": f"map<string,int>: for {', '.join(ts.WINDOW_KEYS)}: windows in which some rank "
                                 f"spent {ts.WINDOW_SHARE:.0%} or more there (two windows apart: a pattern, not a one-off)",
         "samples.share_sum_min": "float: smallest per-rank sum of shares (1.0 up to rounding)",
@@ -285,6 +295,16 @@ class SamplesProbe(Probe):
         window: dict[str, Any] = {}
         errors: list[str] = []
         pid_rank: dict[tuple[str, int], int] = {}
+        # A slice that extends an earlier round's window (``continues``) is part of that window:
+        # its samples join it and its seconds add to its length (one window, not two).
+        window_of: dict[int, int] = {}
+        lengths: dict[tuple[str, int], float] = {}
+        for m in metas:
+            rnd = m.get("round") if isinstance(m.get("round"), int) else -1
+            wid = m["continues"] if isinstance(m.get("continues"), int) else rnd
+            window_of[rnd] = wid
+            key = (str(m.get("host") or ""), wid)
+            lengths[key] = lengths.get(key, 0.0) + float(m.get("duration_s") or 0)
         for m in metas:
             lines.update({k: str(v) for k, v in (m.get("lines") or {}).items()})
             if not window or float(m.get("duration_s") or 0) > float(window.get("duration_s") or 0):
@@ -294,6 +314,8 @@ class SamplesProbe(Probe):
                     pid_rank[(str(m.get("host") or ""), r["pid"])] = r["rank"]
                 if isinstance(r, dict) and not r.get("ok", True):
                     errors.append(f"rank {r.get('rank')} (pid {r.get('pid')}): {r.get('reason', 'failed')}")
+        if window and lengths:
+            window["duration_s"] = round(max(lengths.values()), 3)
         out: dict[str, Any] = {"formats": sorted({p.data["type"] if p.data["type"] != "profile" else p.data["fmt"]
                                                   for p in parsed}),
                                "window": window, "errors": errors[:50]}
@@ -311,7 +333,8 @@ class SamplesProbe(Probe):
                 rank = unranked.index(p) if len(unranked) > 1 else 0
             prof = per_rank.setdefault(rank, ts.Profile())
             wm = _WINDOW.search(p.path.rsplit("/", 1)[-1])
-            wprof = per_window.setdefault(int(wm.group(1)) if wm else 0, {}).setdefault(rank, ts.Profile())
+            wid = window_of.get(int(wm.group(1)), int(wm.group(1))) if wm else 0
+            wprof = per_window.setdefault(wid, {}).setdefault(rank, ts.Profile())
             for stack, n in p.data["main"].stacks.items():
                 prof.add(stack, n)
                 wprof.add(stack, n)
@@ -397,6 +420,7 @@ class SamplesProbe(Probe):
                 except OSError as exc:
                     raise ProbeFailed(f"cannot run py-spy: {exc.strerror or exc}") from None
                 procs.append((rp, p, out, time.monotonic()))
+            ended = _end_early(ctx, procs)
             deadline = time.monotonic() + duration + 15.0
             results = []
             for rp, p, out, t0 in procs:
@@ -413,6 +437,10 @@ class SamplesProbe(Probe):
                 reason = "" if ok else failure(p.returncode, msg, rp.pid)
                 results.append((rp, out, ok, reason, int(m.group(1)) if m else 0, int(m.group(2)) if m else 0,
                                 time.monotonic() - t0))
+            # An ended window lasted until its samplers stopped: at most their wall time (which
+            # includes py-spy's start) and never more than the length asked.
+            took = round(min(float(duration), max((r[6] for r in results), default=duration)), 2) \
+                if ended else float(duration)
             meta_ranks = []
             lines: dict[str, str] = {}
             cache: dict[str, list[str] | None] = {}
@@ -425,7 +453,7 @@ class SamplesProbe(Probe):
                     name = f"samples-r{ctx.round}-rank{rp.rank}.txt"
                     entry["file"] = name
                     ctx.add(name, text, rank=rp.rank, pid=rp.pid,
-                            meta={"rate_hz": rate, "duration_s": duration, "native": native,
+                            meta={"rate_hz": rate, "duration_s": took, "native": native,
                                   "command": f"py-spy record --idle --threads -f raw -r {rate} -d {duration} "
                                              + ("--native" if native else "--nonblocking") + f" --pid {rp.pid}"})
                     try:
@@ -436,8 +464,12 @@ class SamplesProbe(Probe):
                     good += 1
                 meta_ranks.append(entry)
             doc = {"schema": META_SCHEMA, "host": ctx.host, "round": ctx.round, "rate_hz": rate,
-                   "duration_s": duration, "nonblocking": not native, "native": native,
+                   "duration_s": took, "nonblocking": not native, "native": native,
                    "ranks": meta_ranks, "lines": lines}
+            if ended:
+                doc.update({"asked_s": duration, "ended_early": ended})
+            if isinstance(ctx.options.get("continues"), int):  # a further slice of an earlier round's window
+                doc["continues"] = ctx.options["continues"]
             ctx.add(f"samples-r{ctx.round}-window.json", json.dumps(doc, indent=1))
         finally:
             for _rp, p, _out, _t0 in procs:
@@ -448,7 +480,31 @@ class SamplesProbe(Probe):
         if not good:
             first = next((e["reason"] for e in meta_ranks if e["reason"]), "every py-spy record failed")
             raise ProbeFailed(first)
-        return {"ranks": good, "duration_s": duration, "rate_hz": rate}
+        return {"ranks": good, "duration_s": took, "rate_hz": rate, "ended_early": ended}
+
+
+def _end_early(ctx: CollectContext, procs: list[tuple[Any, subprocess.Popen[bytes], Path, float]]) -> str:
+    """With ``stop_after_steps`` N among the options (the live loop's adaptive window; never a
+    window the user sized), end the window once every sampled rank's log named N new step
+    numbers and ``min_window_s`` seconds have passed (``StepWatch``): SIGINT makes each of our
+    own py-spy processes stop and write what it sampled. Returns why it ended early ('' when
+    it ran its course: no counter to watch, a rank without progress, or the window was over)."""
+    need = int(ctx.options.get("stop_after_steps") or 0)
+    if not need or not procs or any(rp.rank is None for rp, *_ in procs):
+        return ""
+    watch = StepWatch([(rp.rank, rp.pid) for rp, *_ in procs], need)
+    try:
+        if not watch.usable():
+            return ""
+        why = wait_decisive(watch, lambda: any(p.poll() is None for _, p, *_ in procs),
+                            float(ctx.options.get("min_window_s") or 1.0))
+    finally:
+        watch.close()
+    if why:
+        for _rp, p, *_ in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)  # our own py-spy, never the job
+    return why
 
 
 def _mean_ops(by_rank: dict[str, dict[str, Any]], key: str) -> dict[str, float]:

@@ -8,9 +8,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+from doctor.probes.common.text import strip_prefixes
 from doctor.probes.samples import timeshare as ts
 from doctor.probes.samples.profiles import ThreadSamples
 
@@ -81,6 +85,124 @@ def failure(rc: int | None, text: str, pid: int) -> str:
         return "the process exited during sampling"
     first = next((ln.strip() for ln in text.splitlines() if ln.strip() and "py-spy>" not in ln), "")
     return (first or f"py-spy exited with {rc}")[:200]
+
+
+# --- ending a window early: every rank's step counter, read from its log ----------------------
+
+#: A training step counter in a log line: ``step 120``, ``Step: 120``, ``iter=120``,
+#: ``iteration 120/5000``, ``global_step=120``; the number is the counter.
+STEP_WORD = re.compile(r"(?i)(?:\b|_)(?:step|iter|iteration)\b\s*[:=#]?\s*(\d{1,12})\b")
+#: A rank named in the line's text (``rank 3``, ``rank=3``, ``[rank3]``) when no launcher prefix says it.
+RANK_WORD = re.compile(r"(?i)\brank\s*[:=#]?\s*(\d{1,6})\b")
+#: Bytes read per log file per poll: a job that logs faster than this is shown by the newest part.
+POLL_BYTES = 1 << 20
+
+
+class StepWatch:
+    """Counts, per rank, the distinct step numbers its log lines name while a window runs.
+
+    Why: a sampling window only has to cover a few steps of every rank to settle healthy versus
+    straggler versus hung (``doctor.live.window``). A rank whose log names ``need`` new step
+    numbers since the window began has completed that many steps: it is not hung, and the
+    samples taken so far span those steps. The logs are the files behind each rank's stdout and
+    stderr, opened through ``/proc/PID/fd`` (the file the process holds, as the logs probe does;
+    only regular files: a pipe or a terminal gives no counter, and then the window runs its full
+    length). A line belongs to the rank its launcher prefix (``[rank3]:``) or its text
+    (``rank 3``) names, or, in a file only one rank writes, to that rank; a line naming no
+    rank in a shared file counts for none. Only bytes written after the window began are read.
+    """
+
+    def __init__(self, ranks: list[tuple[int, int]], need: int) -> None:
+        self.need = max(1, need)
+        self.ranks = {r for r, _ in ranks}
+        self.seen: dict[int, set[int]] = {r: set() for r in self.ranks}
+        # (dev, inode) -> [fh, offset, partial line, ranks writing to it]
+        self.files: dict[tuple[int, int], list[Any]] = {}
+        for rank, pid in ranks:
+            for fd in (1, 2):
+                self._attach(f"/proc/{pid}/fd/{fd}", rank)
+
+    def _attach(self, path: str, rank: int) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        key = (st.st_dev, st.st_ino)
+        if key in self.files:
+            self.files[key][3].add(rank)
+            return
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - kept open for the window, closed in close()
+        except OSError:
+            return
+        self.files[key] = [fh, st.st_size, b"", {rank}]
+
+    def usable(self) -> bool:
+        """Some rank's output is a regular file: there is a counter to watch."""
+        return bool(self.files)
+
+    def poll(self) -> None:
+        """Read what was appended since the last poll and note the step numbers per rank."""
+        for entry in self.files.values():
+            fh, offset, partial, writers = entry
+            try:
+                size = os.fstat(fh.fileno()).st_size
+                if size < offset:  # truncated (rotated in place): start again from its end
+                    entry[1], entry[2] = size, b""
+                    continue
+                if size == offset:
+                    continue
+                start = max(offset, size - POLL_BYTES)
+                fh.seek(start)
+                data = fh.read(size - start)
+            except OSError:
+                continue
+            entry[1] = size
+            if start > offset:  # skipped ahead: the first line is cut
+                partial, data = b"", data[data.find(b"\n") + 1:] if b"\n" in data else b""
+            text = partial + data
+            cut = text.rfind(b"\n")
+            entry[2] = text[cut + 1:][-4096:]
+            only = next(iter(writers)) if len(writers) == 1 else None
+            for raw in text[:cut + 1].splitlines():
+                self._line(raw.decode("utf-8", "replace"), only)
+
+    def _line(self, line: str, only: int | None) -> None:
+        m = STEP_WORD.search(line)
+        if m is None:
+            return
+        body, rank = strip_prefixes(line)
+        if rank is None:
+            rm = RANK_WORD.search(body)
+            rank = int(rm.group(1)) if rm else only
+        if rank in self.seen:
+            self.seen[rank].add(int(m.group(1)))
+
+    def decisive(self) -> bool:
+        """Every watched rank named at least ``need`` distinct step numbers since the start."""
+        return bool(self.ranks) and all(len(s) >= self.need for s in self.seen.values())
+
+    def summary(self) -> str:
+        low = min((len(s) for s in self.seen.values()), default=0)
+        return f"every rank's log named {low}+ new step numbers (at least {self.need} needed)"
+
+    def close(self) -> None:
+        for fh, *_ in self.files.values():
+            fh.close()
+
+
+def wait_decisive(watch: StepWatch, alive: Any, min_s: float, poll_s: float = 0.2) -> str:
+    """Poll ``watch`` while ``alive()`` says the window runs; '' when it ran to its end, else
+    why it may stop now (only after ``min_s`` seconds)."""
+    t0 = time.monotonic()
+    while alive():
+        watch.poll()
+        if time.monotonic() - t0 >= min_s and watch.decisive():
+            return watch.summary()
+        time.sleep(poll_s)  # the evidence comes from the job: look again shortly
+    return ""
 
 
 # --- the probe --------------------------------------------------------------------------------

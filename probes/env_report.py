@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from doctor.evidence.sections import Cell, Row, Section, SectionContext, Table
+from doctor.evidence.sections import Cell, KeyValues, Row, Section, SectionContext, Table
+
+#: The collect_env versions shown, in this order, with their labels.
+VERSION_LABELS = (("torch", "PyTorch"), ("cuda_build", "CUDA (torch build)"), ("cuda_runtime", "CUDA runtime (nvcc)"),
+                  ("driver", "NVIDIA driver"), ("cudnn", "cuDNN"), ("nccl", "NCCL (package)"), ("rocm_build", "ROCm (torch build)"),
+                  ("os", "OS"), ("python", "Python"), ("libc", "libc"))
 
 #: Variables whose values are host names or addresses (the report scrubber aliases them).
 HOST_KEYS = ("HOSTNAME", "MASTER_ADDR", "SLURMD_NODENAME", "SLURM_LAUNCH_NODE_IPADDR",
@@ -49,10 +54,32 @@ def rows(facts: dict[str, Any]) -> list[Row]:
     return out
 
 
+def versions_section(facts: dict[str, Any]) -> list[Section]:
+    """What collect_env said (versions, GPUs, whether CUDA works): context for every finding."""
+    env = _ns(facts)
+    versions = _as_dict(env.get("versions"))
+    items = [(label, str(versions[k])) for k, label in VERSION_LABELS if versions.get(k)]
+    gpus = env.get("gpu_models") if isinstance(env.get("gpu_models"), list) else []
+    if gpus:
+        counts: dict[str, int] = {}
+        for g in gpus:
+            counts[str(g)] = counts.get(str(g), 0) + 1
+        items.append(("GPUs", ", ".join(f"{n} x {g}" for g, n in counts.items())))
+    if isinstance(env.get("cuda_available"), bool):
+        items.append(("CUDA available", "yes" if env["cuda_available"] else "no"))
+    differ = env.get("versions_differ") if isinstance(env.get("versions_differ"), list) else []
+    if differ:
+        items.append(("differ across reports", ", ".join(str(d) for d in differ)))
+    if not items:
+        return []
+    return [Section(id="versions", title="Versions (collect_env)", nav="Versions", order=31, body=KeyValues(items),
+                    summary="Versions: " + ", ".join(f"{label} {value}" for label, value in items[:3]))]
+
+
 def sections(facts: dict[str, Any], context: SectionContext) -> list[Section]:
     table = rows(facts)
     if not table:
-        return []
+        return versions_section(facts)
     n, n_diff = len(table), sum(r.highlighted for r in table)
     return [Section(
         id="env", title="Environment", nav="Environment", order=30,
@@ -61,7 +88,7 @@ def sections(facts: dict[str, Any], context: SectionContext) -> list[Section]:
         summary=f"Environment: {n} allowlisted variable(s), {n_diff} differ across ranks",
         note=(f"{n} allowlisted variable(s); {n_diff} differ across ranks (highlighted). "
               "Values of other variables are never collected."),
-    )]
+    )] + versions_section(facts)
 
 
 def job_label(facts: dict[str, Any]) -> str:

@@ -301,10 +301,12 @@ def _build(items: list[Item], source: str, symptom: str | None,
             extra = _also(sample, probes, probe, readers)
         except OSError:
             extra = []
+        if probe is None and not item.kind and _written_note(sample):
+            # No reader owns it: read it as a ticket, whose blocks reach every reader (a co-reader
+            # such as metrics alone would take its numbers and drop its words and log lines).
+            items.extend(_pieces(item, probes, scratch, ev))
+            continue
         if probe is None and not extra:
-            if not item.kind and _written_note(sample):  # no reader claims it: read it as a ticket
-                items.extend(_pieces(item, probes, scratch, ev))
-                continue
             if item.kind and item.kind not in by_name:
                 ev["ignored"].append(f"{item.rel} (kind {item.kind!r} has no installed probe)")
             elif not item.kind:

@@ -9,10 +9,17 @@ wrapping, once, for every shape we meet:
 - Markdown fences (````` and ``~~~``, any language), indented code blocks, ``<pre>``/``<code>``
   HTML blocks, Jira ``{code}`` / ``{noformat}`` blocks, ``<details>`` folds (their tags go, the
   content is read like the rest);
-- quoted replies (``> `` prefixes, nested too), chat prefixes (``[10:42] alice: ...``,
-  ``<alice> ...``), HTML-escaped text (``&lt;`` ...);
-- bare machine lines in the prose (a traceback or NCCL lines pasted without a fence) become
-  blocks of their own.
+- quoted replies (``> `` prefixes, nested too, as e-mail's ``>>``), chat prefixes (``[10:42] alice: ...``,
+  Teams' ``[3/5/2024 10:42 AM] Alice Smith: ...``, ``<alice> ...``), HTML-escaped text (``&lt;`` ...);
+- wrapper tags with no content of their own: Jira ``{quote}``/``{panel}``/``{color}``, Discourse
+  ``[quote="alice, post:3"]``/``[details=...]``, HTML comments (StackOverflow's language hint); a
+  fence inside a longer fence (a post quoting its own Markdown) is unwrapped;
+- a Markdown table whose column holds log lines gives that column's lines (a table of numbers
+  stays whole for the metrics reader); ``collect_env`` output pasted bare under "### Versions" is
+  one block;
+- bare machine lines in the prose (a traceback, NCCL lines, trainer metric lines pasted without a
+  fence) become blocks of their own; such a block never runs on into another quote level's or
+  another speaker's text.
 
 :func:`split` returns the blocks (each with its 1-based line span in the document, so a finding
 can say "issue.md block 3, lines 12-40") and the prose, with every block line blanked so line
@@ -56,16 +63,45 @@ _JSON_HEAD = re.compile(r"\s*(?:\{\s*\"|\[\s*[\[{\"\]])")  # an object, or an ar
 #: the log lines it quotes would count twice.
 PROJECT_DOCS = ("readme", "license", "changelog", "contributing", "notice", "authors")
 _MARKDOWN_NAMES = (".md", ".markdown")
+_NOTE_NAMES = (".md", ".markdown", ".txt", ".rst")
+_TABLE_RULE_ANY = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*\|", re.M)
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([\w+#.-]*)")
 _JIRA = re.compile(r"^\s*\{(code|noformat)(?::[^}]*)?\}(.*)$", re.I)
 _HTML_OPEN = re.compile(r"^\s*<(pre|code)(?:\s[^>]*)?>(.*)$", re.I)
 _FOLD_TAG = re.compile(r"</?(?:details|summary)(?:\s[^>]*)?>", re.I)
 _QUOTE = re.compile(r"^(?:[ \t]{0,3}>(?!>>)[ \t]?)+")
+#: A chat line's prefix: a time (Teams and WhatsApp put a date before it, "[3/5/2024 10:42 AM]"),
+#: then a speaker ("alice:", "Alice Smith:", "<alice>"); or an IRC nick alone. A log level is
+#: never a speaker: "[10:42:11] INFO: ..." is a log line and keeps its prefix.
 _CHAT = re.compile(
-    r"^(?:\[?\d{1,2}:\d\d(?::\d\d)?(?:\s?[AaPp][Mm])?\]?\s+(?:<[\w.@-]+>|[A-Za-z][\w.@ -]{0,30}?:)\s"
+    r"^(?:\[?(?:\d{1,4}[/.]\d{1,2}[/.]\d{2,4},?\s+)?\d{1,2}:\d\d(?::\d\d)?(?:\s?[AaPp]\.?[Mm]\.?)?\]?\s+"
+    r"(?!(?:INFO|WARN(?:ING)?|ERROR|DEBUG|CRITICAL|FATAL|TRACE|NOTICE)\b)(?:<[\w.@-]+>|[A-Za-z][\w.@ -]{0,30}?:)\s"
     r"|<[\w.@-]{1,30}>\s)"
 )
+#: Markup around quoted or folded text that holds no content of its own: Jira ``{quote}``,
+#: ``{panel}``, ``{color}``; Discourse BBCode ``[quote="alice, post:3, topic:1"]``, ``[details=...]``
+#: and their closing tags; an HTML comment such as StackOverflow's ``<!-- language: lang-none -->``.
+_WRAP_TAG = re.compile(r"\{(?:quote|panel(?::[^}]*)?|color(?::[^}]*)?)\}|\[/?(?:quote|details)(?:=[^\]]*)?\]|<!--.*?-->",
+                       re.I)
+#: Markers ``_marked`` does not look for (its search is pinned to the original alternation by
+#: tests/test_dispatch_parity.py): the wrapper tags above and a chat prefix with a date.
+_MORE_MARKERS = re.compile(r"^[ \t]{0,3}(?:\{(?:quote|panel)|\[(?:quote|details)[=\]]|<!--|\[\d{1,4}[/.]\d{1,2}[/.]\d{2,4},?\s+\d{1,2}:\d\d"
+                           r")|^<[\w.@-]{1,30}> \S.*\n<[\w.@-]{1,30}> ",  # or two IRC lines in a row
+                           re.M | re.I)
+#: A log line that carries a training metric ("step 10 loss 2.31", "{'loss': nan", "loss=1.2e+00"):
+#: machine output even where no other marker says so (quoted or chatted without a fence).
+_METRIC = re.compile(r"(?i)\b(?:loss|lr|learning[_ ]rate|grad[_ ]?norm|gnorm|loss[_ ]scale|step|iter(?:ation)?|epoch)"
+                     r"['\"]?\s*([:=|]?)\s*\[?\s*[-+]?(?:\d|nan\b|inf\b)")
+#: The opening line of ``python -m torch.utils.collect_env`` output, and the shape of its lines
+#: (``Key: value``, a section head ``CPU:``, ``[pip3] torch==2.5.1``, ``GPU 0: ...``, a library
+#: path under ``cuDNN version: Probably one of the following:``); torch/utils/collect_env.py
+#: (torch 2.13) lines 778-810 (env_info_fmt) and 829-832 (the ``[pip3] ``/``[conda] `` prefix).
+_COLLECT_ENV = re.compile(r"(?:Collecting environment information\.\.\.|PyTorch version: \S)")
+_COLLECT_ENV_LINE = re.compile(r"\s*(?:\[(?:pip\d?|conda)\] \S|GPU \d+: |/\S|[A-Za-z][\w ()./+-]{0,60}:(?:\s|$)"
+                               r"|(?:Probably one of the following|No relevant packages|Could not collect))")
+#: A Markdown table's rule row (``| --- | :---: |``).
+_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?\s*$")
 _LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d+[.)])\s+\S")
 #: A chat client's header line ("alice  10:42 AM"): a speaker, not content.
 _CHAT_HEADER = re.compile(r"^[A-Za-z][\w.@ -]{0,30}\s{2,}\d{1,2}:\d\d(?:\s?[AaPp][Mm])?\s*$")
@@ -75,10 +111,14 @@ _STRONG = re.compile(
     r"\s*(?:\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:|Traceback \(most recent call last\):"
     r"|File \"[^\"]+\", line \d+|[\w.-]+:\d+:\d+ \[\d+\] |\[[EWIF] [\w./ -]+:\d+\]|[EWIF]\d{4} \d\d:\d\d"
     r"|\[\s*\d+\.\d+\] |\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\d\d:\d\d:\d\d[.,]\d+|Thread 0x[0-9a-fA-F]+"
-    r"|Process \d+: |\|.*\|\s*$|\+[-=+]{6,}|[A-Za-z_][\w.]*(?:Error|Exception|Warning|Interrupt|Exit): "
+    r"|Process \d+: |\|.*\|\s*$|\+[-=+]{6,}|[A-Za-z_][\w.]*(?:Error|Exception|Warning|Interrupt|Exit): |Exception: "
     r"|[A-Z][A-Z0-9_]{2,}=\S*\s*$|(?:INFO|WARN(?:ING)?|ERROR|DEBUG|CRITICAL)[: \]]|#\d+ +0x|\^+\s*$"
-    r"|[\w<>.]+ \([^()\s]+:\d+\)\s*$|NVIDIA-SMI \d|nvidia-smi|\$ |\w+\.py:\d+|[*=#~_-]{8,}\s*$"
-    r"|Setting OMP_NUM_THREADS environment variable)"
+    r"|[\w<>.]+ \([^()\s]+:\d+\)\s*$|NVIDIA-SMI \d|nvidia-smi|\$ |[\w./~-]*\w\.py:\d+|[*=#~_-]{8,}\s*$"
+    r"|Setting OMP_NUM_THREADS environment variable"
+    # gdb's prompt and frames without an address; banners ("***** Running training *****",
+    # "=====NVSMI LOG====="); aligned "key   : value" (nvidia-smi -q) and "key:    value" (lscpu)
+    r"|\(gdb\) |#\d+ +[\w:<>~.]+ \(|[*=#~_-]{5,}[^*=#~_-]{1,60}[*=#~_-]{5,}\s*$|\*{3,} [^*]{1,60} \*{3,}\s*$"
+    r"|[A-Za-z][^:\n]{0,60}?\S\s{2,}: \S|[A-Za-z][\w ()./-]{0,40}:\s{4,}\S)"
 )
 #: Text that marks a log line anywhere in it, unless the line reads as a sentence.
 _WEAK = re.compile(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|Watchdog caught|CUDA error|Signal \d+ \(SIG"
@@ -102,7 +142,7 @@ class Block:
     start: int          #: first line (1-based) of the content in the document
     end: int            #: last line
     text: str
-    shape: str          #: fenced | indented | jira | html | bare
+    shape: str          #: fenced | indented | jira | html | table | bare | quoted | chat (bare lines under a wrapper)
     lang: str = ""      #: the fence's language tag, if any
     #: The line just above the block ("rank 3:", a <summary>): its rank or host names the block
     #: the way a file name would.
@@ -126,11 +166,14 @@ class Document:
     n_bare: int = 0      #: lines of bare blocks (machine lines with no markup around them)
 
 
-def _clean(lines: list[str]) -> tuple[list[str], set[int]]:
+def _clean(lines: list[str]) -> tuple[list[str], set[int], list[int]]:
     """Undo the wrapping that does not change line numbers (HTML entities, quote prefixes, fold
-    tags); also the indices of the quoted lines."""
+    and wrapper tags); also the indices of the quoted lines, and each line's quote depth (an
+    e-mail's "> " and ">> " levels), so a block never runs on into another level's text."""
     out = []
     quoted: set[int] = set()
+    depth = [0] * len(lines)
+    in_quote = False  # inside a Jira {quote} or a BBCode [quote] region
     for i, ln in enumerate(lines):
         if "&" in ln:
             ln = html.unescape(ln)
@@ -138,11 +181,27 @@ def _clean(lines: list[str]) -> tuple[list[str], set[int]]:
             bare = _QUOTE.sub("", ln, count=1)
             if bare is not ln and bare != ln:
                 quoted.add(i)
+                depth[i] = ln[:len(ln) - len(bare)].count(">")
             ln = bare
         if "<" in ln:
             ln = _FOLD_TAG.sub("", ln)
+        if "uote" in ln or "etails" in ln or "{panel" in ln or "{color" in ln or "<!--" in ln:  # cheap first
+            tags = [m.group(0).lower() for m in _WRAP_TAG.finditer(ln)]
+            if tags:
+                ln = _WRAP_TAG.sub("", ln)
+                if not ln.strip():
+                    ln = ""
+                for t in tags:  # Jira's {quote} both opens and closes; BBCode closes with [/quote]
+                    if t == "{quote}":
+                        in_quote = not in_quote
+                    elif t.startswith("[quote"):
+                        in_quote = True
+                    elif t == "[/quote]":
+                        in_quote = False
+        if in_quote:
+            quoted.add(i)
         out.append(ln)
-    return out, quoted
+    return out, quoted, depth
 
 
 def _is_prose(line: str) -> bool:
@@ -159,7 +218,27 @@ def _is_prose(line: str) -> bool:
 
 
 def _is_machine(line: str) -> bool:
-    return bool(_STRONG.match(line)) or (bool(_WEAK.search(line)) and not _is_prose(line))
+    if line[:1] == "#" and _HEADING.match(line):
+        # A Markdown heading is the reporter's title: machine output only when it quotes an error
+        # ("# RuntimeError: CUDA error: ..." is how many issues are titled), never for a single
+        # metric mention ("# Loss spiking around epoch 30").
+        return bool(_WEAK.search(line)) and not _is_prose(line)
+    if _STRONG.match(line):
+        return True
+    return (bool(_WEAK.search(line)) or _metric_record(line)) and not _is_prose(line)
+
+
+_HEADING = re.compile(r"#{1,6} +[A-Za-z]")
+
+
+def _metric_record(line: str) -> bool:
+    """A trainer's metric record: a metric with ":"/"=" before its number ("loss: nan",
+    "loss=1.2e+00"), or two metrics with numbers ("step 10 loss 2.31"); "around epoch 30" in a
+    title is one mention, not a record."""
+    if not any(c.isdigit() for c in line[:400]) and "nan" not in line and "inf" not in line:
+        return False
+    seps = [m.group(1) for m in _METRIC.finditer(line)]
+    return len(seps) >= 2 or any(seps)
 
 
 def _label(lines: list[str], above: int) -> str:
@@ -171,10 +250,85 @@ def _label(lines: list[str], above: int) -> str:
     return ""
 
 
+#: A traceback's frame line: the line after it is the frame's source line, whatever its words.
+_SOURCE_LINE = re.compile(r'\s*File "[^"]+", line \d+')
+
+
+def _continues(last: str, line: str) -> bool:
+    """A worded line that still belongs to the block above it: the source line under a
+    traceback frame, or an indented line of code (a warning's source line, ``return f(x)``)."""
+    return bool(_SOURCE_LINE.match(last)) or (line[:1] in " \t" and _INDENTED_CODE.match(line) is not None)
+
+
+_INDENTED_CODE = re.compile(r"\s+(?:[\w.\[\]]+\s*=\s*)?(?:return |raise |yield |await )?[\w.]*\w\(")
+
+
+def _speaker(prefix: str) -> str:
+    """Who a chat prefix names ("[10:42 AM] alice: " -> "alice"), without the time."""
+    m = re.search(r"<([\w.@-]+)>|([A-Za-z][\w.@ -]*?):\s*$", prefix)
+    return (m.group(1) or m.group(2) or "").strip() if m else prefix.strip()
+
+
+def _collect_env_end(lines: list[str], i: int) -> int:
+    """Index just past a bare collect_env paste starting at ``i``: its lines are ``Key: value``
+    pairs, section heads, package and GPU lines and library paths, with single blank lines
+    between sections; the first line of another shape after a blank (or a heading) ends it."""
+    j, n = i + 1, len(lines)
+    while j < n:
+        ln = lines[j]
+        if not ln.strip():
+            if j + 1 < n and lines[j + 1].strip() and not _COLLECT_ENV_LINE.match(lines[j + 1]):
+                break
+            j += 1
+            continue
+        if ln.lstrip().startswith(("#", "```", "~~~")) or (not _COLLECT_ENV_LINE.match(ln) and _is_prose(ln)):
+            break
+        j += 1
+    while j > i + 1 and not lines[j - 1].strip():
+        j -= 1
+    return j
+
+
+def _cells(row: str) -> list[str]:
+    """A Markdown table row's cells; ``\\|`` is a pipe inside a cell."""
+    row = row.strip()
+    row = row[1:] if row.startswith("|") else row
+    row = row[:-1] if row.endswith("|") and not row.endswith("\\|") else row
+    return [c.replace("\\|", "|") for c in re.split(r"(?<!\\)\|", row)]
+
+
+def _cell_text(cell: str) -> list[str]:
+    """A cell's text as the log had it: one pair of backticks off, ``<br>`` back to line breaks."""
+    c = cell.strip()
+    if len(c) >= 2 and c[0] == "`" and c[-1] == "`":
+        c = c[1:-1]
+    return re.split(r"<br\s*/?>", c, flags=re.I) if "<" in c else [c]
+
+
+def _log_table(lines: list[str], i: int) -> tuple[int, list[str]]:
+    """A Markdown table at ``i`` (header, rule, rows): the index past it, and the lines of the
+    column that holds log lines (most of its cells are machine output, not numbers), or []
+    when no column does (a metrics table stays whole for the metrics reader)."""
+    j = i + 2
+    while j < len(lines) and lines[j].lstrip().startswith("|"):
+        j += 1
+    rows = [_cells(r) for r in lines[i + 2:j]]
+    width = max((len(r) for r in rows), default=0)
+    for col in range(width):
+        texts = [r[col] for r in rows if col < len(r) and r[col].strip()]
+        machine = sum(1 for t in texts if any(_is_machine(x) for x in _cell_text(t)))
+        if texts and machine >= max(1, 0.3 * len(texts)) and not all(_NUMBER.fullmatch(t.strip()) for t in texts):
+            return j, [x for r in rows if col < len(r) for x in _cell_text(r[col])]
+    return j, []
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?%?|nan|inf", re.I)
+
+
 def split(text: str) -> Document:
     """Blocks and prose of a document (see the module doc for the shapes)."""
     raw_lines = text.splitlines()
-    lines, quoted = _clean(raw_lines)
+    lines, quoted, depth = _clean(raw_lines)
     n = len(lines)
     prose: list[str] = [""] * n
     doc = Document()
@@ -184,10 +338,13 @@ def split(text: str) -> Document:
         while buf and not buf[-1][1].strip():
             buf.pop()
         if buf:
-            spans.append((buf[0][0], buf[-1][0], "bare", "", [t for _, t in buf]))
+            # machine lines under a quote or a chat prefix: the wrapper is markup a log never has
+            shape = "quoted" if all(k in quoted for k, _ in buf) else "chat" if bare_wrap[1] else "bare"
+            spans.append((buf[0][0], buf[-1][0], shape, "", [t for _, t in buf]))
         buf.clear()
 
     bare: list[tuple[int, str]] = []
+    bare_wrap: tuple[int, str] = (0, "")  # the quote depth and chat speaker the bare block runs under
     i = 0
     while i < n:
         ln = lines[i]
@@ -199,7 +356,14 @@ def split(text: str) -> Document:
             j = i + 1
             while j < n and not lines[j].lstrip().startswith(mark[0] * len(mark)):
                 j += 1
-            spans.append((i + 1, j - 1, "fenced", lang, lines[i + 1:j]))
+            first, body = i + 1, lines[i + 1:j]
+            while body and _FENCE.match(body[0]):  # a post quoting its own Markdown: ```` around ```
+                inner = _FENCE.match(body[0]).group(1)[0]  # type: ignore[union-attr]
+                last = max((k for k, b in enumerate(body) if b.strip()), default=0)
+                if last == 0 or body[last].strip().strip(inner) or body[last].strip()[0] != inner:
+                    break
+                first, body = first + 1, body[1:last]
+            spans.append((first, first + len(body) - 1, "fenced", lang, body))
             i = j + 1
             continue
         m = _JIRA.match(ln) if "{" in ln else None
@@ -259,6 +423,19 @@ def split(text: str) -> Document:
             spans.append((first, first + len(body) - 1, "html", "", body))
             i = j + 1
             continue
+        if ln[:1] in "CP" and _COLLECT_ENV.match(ln):  # collect_env pasted bare (GitHub's "### Versions")
+            close_bare(bare)
+            j = _collect_env_end(lines, i)
+            spans.append((i, j - 1, "bare", "", lines[i:j]))
+            i = j
+            continue
+        if ln.lstrip().startswith("|") and i + 1 < n and _TABLE_RULE.match(lines[i + 1]):
+            j, body = _log_table(lines, i)
+            if body:  # a table whose column holds log lines: that column is the block
+                close_bare(bare)
+                spans.append((i + 2, j - 1, "table", "", body))
+                i = j
+                continue
         # an indented code block: after a blank line, four spaces or a tab
         if (ln.startswith("    ") or ln.startswith("\t")) and (i == 0 or not lines[i - 1].strip()) \
                 and not bare and ln.strip() and not _LIST_ITEM.match(ln):
@@ -278,7 +455,12 @@ def split(text: str) -> Document:
             content = ""
         elif (content is not ln and content != ln or i in quoted) and _is_prose(content):
             doc.n_marked += 1  # a chat message or a quoted reply in words: a log has none
-        if content.strip() and (_is_machine(content) or (bare and not _is_prose(content))):
+        wrap = (depth[i], _speaker(ln[:len(ln) - len(content)]) if content is not ln else "")
+        if bare and content.strip() and wrap != bare_wrap:
+            close_bare(bare)  # another quote level or another speaker: their text, not the log
+        if content.strip() and (_is_machine(content) or (bare and (not _is_prose(content) or _continues(bare[-1][1], content)))):
+            if not bare:
+                bare_wrap = wrap
             bare.append((i, content))
         elif not content.strip() and bare:
             bare.append((i, content))
@@ -292,9 +474,9 @@ def split(text: str) -> Document:
         if not any(b.strip() for b in body):
             continue
         doc.blocks.append(Block(len(doc.blocks) + 1, s + 1, max(s, e) + 1, "\n".join(body) + "\n", shape, lang,
-                                _label(lines, s - (shape != "bare" and shape != "indented"))))
+                                _label(lines, s - (shape in ("fenced", "jira", "html")))))
         doc.n_machine += len(body)
-        doc.n_bare += len(body) if shape == "bare" else 0
+        doc.n_bare += len(body) if shape in ("bare", "quoted", "chat") else 0
     doc.n_prose = sum(1 for p in prose if _is_prose(p))
     doc.prose = "\n".join(prose) + "\n"
     return doc
@@ -322,15 +504,18 @@ def is_document(sample: Sample) -> bool:
     text = sample.text
     if _JSON_HEAD.match(text):  # a JSON document (a dump, a metrics file) is data, not a ticket
         return False
-    marked = _marked(text)
+    marked = _marked(text) or _MORE_MARKERS.search(text) is not None
     name = sample.name.lower()
-    if not marked and not (name.endswith(_MARKDOWN_NAMES) or "." not in name):
+    # a Markdown table in a written note (.md/.txt or a paste): a log never has a "| --- |" row
+    table = name.endswith(_NOTE_NAMES) or "." not in name
+    table = table and "|" in text and _TABLE_RULE_ANY.search(text) is not None
+    if not marked and not table and not (name.endswith(_MARKDOWN_NAMES) or "." not in name):
         return False  # no markup: only a Markdown file or a paste (stdin) may be plain prose
     doc = split(text[:16384])
     if not marked:
         # No markup: sentences must outweigh the bare machine lines (a plain paste, or prose
-        # with indented code blocks); a log with a stray sentence stays a log.
-        if any(b.shape == "indented" for b in doc.blocks) and not doc.n_bare:
+        # with indented code blocks or a table of log lines); a log with a stray sentence stays a log.
+        if any(b.shape in ("indented", "table") for b in doc.blocks) and not doc.n_bare:
             return doc.n_prose >= 1
         return doc.n_prose >= 2 and doc.n_prose >= 0.5 * (doc.n_prose + doc.n_bare)
     if doc.n_prose == 0:

@@ -43,7 +43,17 @@ _KV = re.compile(r"([A-Za-z_][\w/.\-]*)\s*=\s*(" + _NUMRE + r")", re.I)
 _DS_OVERFLOW_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)", re.I)
 _DS_ATTEMPT = re.compile(r"(?:OVERFLOW!|overflow!|Overflow detected).*?Attempted loss scale:\s*(" + _NUMRE + r")(?:,\s*reducing to\s*(" + _NUMRE + r"))?", re.I)
 _DS_REDUCE = re.compile(r"Reducing dynamic loss scale from\s*(" + _NUMRE + r")\s*to\s*(" + _NUMRE + r")", re.I)
-_DS_MIN = re.compile(r"Current loss scale already at minimum", re.I)
+#: apex amp's skip message (NVIDIA/apex apex/amp/handle.py, ``skip_step``: "Gradient overflow.  Skipping
+#: step, loss scaler {} reducing loss scale to {}") and fairseq's (fairseq/optim/dynamic_loss_scaler.py
+#: ``check_overflow`` raises "setting loss scale to: {}", fairseq/trainer.py logs it after "NOTE: gradient
+#: overflow detected, ignoring gradient, "): both name the scale after the cut, and a skipped step.
+_APEX_REDUCE = re.compile(r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to\s*(" + _NUMRE + r")",
+                          re.I)
+_FAIRSEQ_OVERFLOW = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to:\s*(" + _NUMRE + r")",
+                               re.I)
+#: The scaler at its floor: DeepSpeed's "Current loss scale already at minimum", fairseq's
+#: "Minimum loss scale reached (x)" (fairseq/optim/dynamic_loss_scaler.py, FloatingPointError).
+_DS_MIN = re.compile(r"Current loss scale already at minimum|Minimum loss scale reached", re.I)
 _HF_TOTAL = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
 _HF_EPOCHS = re.compile(r"Num Epochs\s*=\s*([\d,]+)")
 _WORDS = ("loss", "norm", "lr", "learning", "scale", "overflow", "iteration", "step", "epoch", "/s", "s/it",
@@ -177,7 +187,8 @@ def _metric_line(line: str) -> LineMetrics | None:
     low = line.lower()
     if not any(w in low for w in _WORDS):
         return None
-    if _DS_ATTEMPT.search(line) or _DS_OVERFLOW_ITER.search(line) or _DS_REDUCE.search(line):
+    if _DS_ATTEMPT.search(line) or _DS_OVERFLOW_ITER.search(line) or _DS_REDUCE.search(line) \
+            or _APEX_REDUCE.search(line) or _FAIRSEQ_OVERFLOW.search(line):
         return "deepspeed", None, {}, []
     if _DS_MIN.search(line):
         return "deepspeed", None, {"loss_scale": 1.0}, []  # the scaler's floor (min_loss_scale default)
@@ -325,7 +336,7 @@ def _ds_line(body: str, rows: Rows) -> bool:
         step = int(m.group(1))
         rows.marks.append({"kind": "overflow", "step": step})
         return True
-    m = _DS_ATTEMPT.search(body) or _DS_REDUCE.search(body)
+    m = _DS_ATTEMPT.search(body) or _DS_REDUCE.search(body) or _APEX_REDUCE.search(body) or _FAIRSEQ_OVERFLOW.search(body)
     if m:
         step = rows.last_step
         if rows.marks and rows.marks[-1].get("kind") == "overflow" and rows.marks[-1].get("scale") is None:

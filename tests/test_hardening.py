@@ -149,6 +149,9 @@ def test_plain_pickles_still_load():
     data = {"entries": [{"a": i, "s": "x", "t": (i, 1.5)} for i in range(100)], "shared": [[1]] * 3}
     for proto in (2, 4, 5):
         assert safe_loads(pickle.dumps(data, protocol=proto)) == data
+    # A bare scalar is a valid pickle too (hypothesis found b'\\x80\\x04K\\x00.' failing the shape walk).
+    for scalar in (0, 1.5, "x", None, b"b"):
+        assert safe_loads(pickle.dumps(scalar, protocol=4)) == scalar
 
 
 # -- archives ----------------------------------------------------------------------------------

@@ -120,10 +120,10 @@ def check_shape(value: Any, max_depth: int = DEFAULT_MAX_DEPTH, max_items: int =
     Shared references are counted each time they are reached, which is what bounds the work of
     any code that walks the value later.
     """
-    level: list[Any] = [value]
+    cont = _CONTAINER_TYPES
+    level: list[Any] = [value] if type(value) in cont else []  # a bare scalar has nothing to walk
     items = 1
     depth = 0
-    cont = _CONTAINER_TYPES
     while level:
         if depth >= max_depth:
             raise UnpickleError(f"refused: nested deeper than {max_depth} levels")

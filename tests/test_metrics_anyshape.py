@@ -156,8 +156,11 @@ def test_stated_slowdown_without_a_cause_is_slow_and_says_so(tmp_path: Path) -> 
                   "Nothing else changed in the config. GPU is an A100 80GB.\n")
     slow = r.facts["metrics"]["partial"]["slowdown"]
     assert slow["metric"] == "step_time" and slow["factor"] == pytest.approx(3.4 / 1.2, rel=1e-3)
-    assert r.verdict["state"] == "slow" and r.verdict["cause"] == ""
-    assert "cause not determined" in r.verdict["summary"]
+    assert r.verdict["state"] == "slow"
+    # Nothing read names a cause: only the differential's usual causes of "slow after an
+    # upgrade", marked as guesses (exit 3), may follow.
+    assert all(f.differential for f in r.findings) and r.exit_code == 3
+    assert not r.findings or r.verdict["summary"].startswith("Possible cause, not confirmed")
     assert not _actionable(r)
 
 

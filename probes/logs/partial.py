@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .nccl_progress import progress_facts
+
 #: torch's default NCCL collective timeout since 2.2 is 10 minutes (it was 30 before); a job
 #: that set a smaller one has chosen a timeout any long phase can outlast.
 #: source: torch/distributed/constants.py (default_pg_nccl_timeout), torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp (kProcessGroupNCCLDefaultTimeoutMillis)
@@ -230,4 +232,5 @@ def partial_facts(scans: list[dict[str, Any]], waits: list[dict[str, Any]], worl
         "short_timeout": short_timeout(waits),
         "nccl_init": comm_init_facts(scans),
         "named_by_torch": verdicts(events or []),
+        "nccl_progress": progress_facts(scans),
     }

@@ -123,12 +123,12 @@ def _signature_hit_plain(lines: list[str]) -> bool:
     prev = ""
     for ln in lines:
         body, _ = strip_prefixes(ln)
-        if any(s.regex.search(body) for s in lib.candidates(body)):
+        if any(s.regex.search(body) for s in lib.candidates(body) if s.kind not in sniff._NOT_CLAIMING):
             return True
         if prev and scan.wraps(prev, body):
             joined = prev + " " + body
             sigs = scan.seam_candidates(lib, prev, body, lib.candidates(prev) + lib.candidates(body))
-            if any(sig.regex.search(joined) for sig in sigs):
+            if any(sig.regex.search(joined) for sig in sigs if sig.kind not in sniff._NOT_CLAIMING):
                 return True
         prev = body
     return False

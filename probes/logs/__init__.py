@@ -40,6 +40,7 @@ _EVENT_FIELDS: dict[str, str] = {
     "text": "string: the line, scrubbed and cut to 300 characters",
     "fields": "map<string,any>: named groups of the signature (seq, op, timeout_ms, code, pci, ...)",
     "pid": "int: process the line is about (NCCL prefix or the message), null when unknown",
+    "survived": "bool: the same stream went on making training progress after this error (absent when not)",
 }
 
 
@@ -95,6 +96,10 @@ class LogsProbe(Probe):
         "logs.tracebacks[].file": "string: the log file",
         "logs.tracebacks[].line": "int: line of 'Traceback (most recent call last):'",
         "logs.tracebacks[].exc_line": "int: line of the exception",
+        "logs.tracebacks[].survived": "bool: the stream went on making training progress after it (absent when not)",
+        "logs.exited_ranks[].survived": "bool: training progress followed the exit (a restarted worker group): counted as cascade",
+        "logs.survived_kinds": "list<string>: error kinds whose every hit the job went on after (progress counters advancing, or a recovery message then progress; logs/survival.py)",
+        "logs.progress_lines": "int: training-progress lines counted (step/iteration/epoch counters, tqdm bars): the first 20 per signature and file, then only while an error waits to be shown survived",
         "logs.exited_ranks": "list<map>: rank exits reported by the launcher or scheduler",
         "logs.exited_ranks[].rank": "int: global rank (null when only the local rank is known)",
         "logs.exited_ranks[].local_rank": "int: local rank",
@@ -158,6 +163,7 @@ class LogsProbe(Probe):
         "logs.nccl_init.incomplete": "list<string>: 'rank R of N (commId X)' for each of them, at most 32",
         "logs.nccl_init.nranks_differ": "list<string>: commIds whose ranks report different nranks",
         "logs.nccl_init.nranks_seen": "list<string>: 'commId X: nranks A, B' for each of those",
+        "logs.nccl_progress": "map<string,any>: where NCCL_DEBUG=INFO output stops: set-up stage reached, whether lines follow, nodes, transports, drivers (logs/nccl_progress.py)",
         "logs.named_by_torch": "map: ranks torch itself names at a timeout (desync debug, monitored_barrier)",
         "logs.named_by_torch.lagging": "list<int>: desync debug: finished collective #k, never joined #k+1",
         "logs.named_by_torch.unfinished": "list<int>: desync debug: joined the collective the others wait in and never finished it",
@@ -244,7 +250,7 @@ class LogsProbe(Probe):
         are errors that only follow someone else's failure (a peer lost, a remote error). Ranks
         still waiting (and none exited) read as hung, anything else as crashed."""
         logs = facts.get("logs") or {}
-        cascade = next((e for e in logs.get("events") or [] if e.get("role") == "cascade"), None)
+        cascade = next((e for e in logs.get("events") or [] if e.get("role") == "cascade" and not e.get("survived")), None)
         first = logs.get("first_failure") or logs.get("first_error") or cascade
         if not (logs.get("waits") or first):
             return None

@@ -89,7 +89,7 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
     waited: dict[int, set[str]] = {}   # rank -> kinds of its waiting evidence
     for ev in events:
         r = ev["rank"]
-        if r is None or ev["kind"] in ("desync_lagging", "duplicate_gpu", "collective_mismatch", "rank_exit"):
+        if r is None or ev.get("survived") or ev["kind"] in ("desync_lagging", "duplicate_gpu", "collective_mismatch", "rank_exit"):
             continue
         if ev["kind"] in WAIT_KINDS or ev["role"] == "cascade":
             waited.setdefault(r, set()).add(ev["kind"])
@@ -97,7 +97,7 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
             own.setdefault(r, set()).add(ev["kind"])
     for tb in tracebacks:
         r = tb["rank"]
-        if r is None or tb["role"] == "context":
+        if r is None or tb["role"] == "context" or tb.get("survived"):
             continue
         kinds = set(tb["kinds"]) or {"python_exception"}
         if tb["role"] == "cascade" or kinds <= WAIT_KINDS:
@@ -108,7 +108,9 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
     exits = _merge_exits(scans)
     for ex in exits:
         r = ex["rank"]
-        if external_kill:
+        if ex.get("survived"):
+            ex["cascade"], ex["why"] = True, "the job went on after it (training progress later in the log)"
+        elif external_kill:
             ex["cascade"], ex["why"] = True, "the launcher or scheduler was told to stop the job"
         elif ex["signal"] in TEARDOWN_SIGNALS and not ex["root_cause"]:
             ex["cascade"], ex["why"] = True, f"stopped by the launcher ({ex['signal']}) after another failure"
@@ -122,15 +124,16 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
             ex["why"] = ("its own error: " + ", ".join(sorted(own[r]))) if r in own else "exited or was killed with no error of its own in the logs"
     dead = sorted({ex["rank"] for ex in exits if not ex["cascade"] and ex["exitcode"] not in (0, None)
                    and ex["rank"] is not None})
+    # an error the job went on after (survival.py) is no candidate for what ended it
     failed = sorted(own)
     waiting = sorted(set(waited) - set(own))
 
     cands = []
     for ev in events:
-        if ev["role"] == "first_failure" and not (ev["kind"] == "rank_exit"):
+        if ev["role"] == "first_failure" and not (ev["kind"] == "rank_exit") and not ev.get("survived"):
             cands.append(ev)
     for tb in tracebacks:
-        if tb["role"] == "first_failure":
+        if tb["role"] == "first_failure" and not tb.get("survived"):
             cands.append({"sig": "python_traceback", "kind": "python_exception", "role": "first_failure",
                           "severity": "high", "priority": 40, "rank": tb["rank"], "host": "",
                           "file": tb["file"], "line": tb["exc_line"], "time": "", "ts": None,
@@ -146,7 +149,7 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
                           "text": _exit_text(ex), "fields": {"exitcode": ex["exitcode"], "signal": ex["signal"]},
                           "_fi": ex.get("_fi", 0)})
     first = _pick_first(cands)
-    errors = [ev for ev in events if ev["severity"] in ("critical", "high")]
+    errors = [ev for ev in events if ev["severity"] in ("critical", "high") and not ev.get("survived")]
     first_error = _pick_first(errors) if errors else None
 
     waits = [w for sc in scans for w in sc["waits"]]
@@ -174,6 +177,7 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
         "compile": _compile_facts(scans, counts, events),
         "amp": _amp_facts(scans, counts),
         "world_size": max([sc["world_size"] for sc in scans] + [0]),
+        **survived_facts(scans),
     }
     out["xid_codes"] = sorted({x["code"] for x in out["xids"] if isinstance(x["code"], int)})
     inits = [e for e in events if e["kind"] == "init_timeout"]
@@ -188,6 +192,15 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
         out["first_error"] = _clean(first_error)
     out["by_rank"] = _by_rank(exits, own, waited, tracebacks, events, dead)
     return out
+
+
+def survived_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Error kinds the job went on after in every file that shows them (see survival.py): a
+    kind survived in one rank's log and fatal in another's is not survived."""
+    ok = {k for sc in scans for k in sc.get("survived_kinds", [])}
+    fatal = {k for sc in scans for k in sc.get("unsurvived_kinds", [])}
+    return {"survived_kinds": sorted(ok - fatal),
+            "progress_lines": sum(sc.get("progress_lines", 0) for sc in scans)}
 
 
 def _exit_text(ex: dict[str, Any]) -> str:
@@ -407,7 +420,8 @@ def _by_rank(exits: list[dict[str, Any]], own: dict[int, set[str]], waited: dict
         ex = next((e for e in exits if e["rank"] == r), None)
         tb = next((t for t in tracebacks if t["rank"] == r and t["role"] == "first_failure"), None) or \
             next((t for t in tracebacks if t["rank"] == r), None)
-        ev = next((e for e in events if e["rank"] == r and e["severity"] in ("critical", "high")), None)
+        ev = next((e for e in events if e["rank"] == r and e["severity"] in ("critical", "high")
+                   and not e.get("survived")), None)
         state = ("dead" if r in dead else "failed" if r in own else "waiting" if r in waited
                  else "exited_cascade" if ex and ex.get("cascade") else "seen")
         out[str(r)] = {

@@ -83,6 +83,13 @@ class Library:
     #: Needles cut at each of their spaces, for :meth:`may_cross` (see :func:`_crossings`): the
     #: case-sensitive needles' table and the case-insensitive (lowercase) needles' table.
     crossings: tuple[dict[int, dict[str, tuple[str, ...]]], ...] = ()
+    #: The keyword set without the keywords only progress signatures (kind ``train_progress``)
+    #: use: the scanner passes ``quiet=True`` while no error waits for progress, so a step line
+    #: costs no more than any line without a needle (see survival.py).
+    busy_keyword_set: frozenset[str] = frozenset()
+    #: the progress signatures that own one of those keywords: once each has filled its kept
+    #: events in a file, the scanner may go quiet
+    quiet_ids: frozenset[str] = frozenset()
 
     def may_cross(self, prev: str, cur: str) -> bool:
         """Could a needle occur in ``prev + " " + cur`` across the joining space? False means
@@ -93,9 +100,9 @@ class Library:
             return True
         return _crosses(exact, prev, cur)
 
-    def needles_in(self, line: str) -> set[str]:
+    def needles_in(self, line: str, quiet: bool = False) -> set[str]:
         found: set[str] = set()
-        kws = self.keyword_set.intersection(_WORD.findall(line))
+        kws = (self.busy_keyword_set if quiet else self.keyword_set).intersection(_WORD.findall(line))
         for kw in kws:
             for n in self.keywords[kw]:
                 if n in line:
@@ -114,9 +121,10 @@ class Library:
         """Does the line contain any needle? (the cheap test every line goes through)"""
         return bool(self.needles_in(line))
 
-    def candidates(self, line: str) -> list[Signature]:
-        """Signatures whose needles occur in the line, in library order."""
-        found = self.needles_in(line)
+    def candidates(self, line: str, quiet: bool = False) -> list[Signature]:
+        """Signatures whose needles occur in the line, in library order (``quiet``: leaving
+        out those found only through progress keywords)."""
+        found = self.needles_in(line, quiet)
         if not found:
             return []
         sigs: dict[str, Signature] = {}
@@ -217,7 +225,11 @@ def library() -> Library:
             loose.append(n)
         else:
             keywords.setdefault(kw, []).append(n)
+    progress_only = {kw for kw, ns in keywords.items()
+                     if all(s.kind == "train_progress" for n in ns for s in by_needle[n])}
     return Library(
+        busy_keyword_set=frozenset(set(keywords) - progress_only),
+        quiet_ids=frozenset(s.id for kw in progress_only for n in keywords[kw] for s in by_needle[n]),
         signatures=tuple(sigs),
         by_needle={k: tuple(v) for k, v in by_needle.items()},
         keywords={k: tuple(v) for k, v in keywords.items()},

@@ -39,6 +39,7 @@ from doctor.probes.common.text import EXC_LINE, RUNTIME_PREFIX, TB_START, strip_
 from doctor.evidence.redact import scrub
 
 from .library import Library, Signature, library
+from .survival import PROGRESS_KIND, RECOVERED_KIND, Survival
 
 MAX_LINE = 8192            # bytes of one line looked at; the rest of a longer line is skipped
 EVENTS_PER_SIG = 20        # events kept per signature and file (all hits are still counted)
@@ -176,6 +177,9 @@ class Scan:
     _stamp: str = ""  # the container runtime's timestamp of the current line, if any
     _labels: bool = False  # lines carry srun --label task numbers
     _fb: _FailureBlock = field(default_factory=_FailureBlock)
+    _survival: Survival = field(default_factory=Survival)
+    _progress_seen: set[str] = field(default_factory=set)  # progress signatures past EVENTS_PER_SIG
+    _progress_full: bool = False  # all of them: step lines are skipped unless an error waits
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,6 +194,7 @@ class Scan:
             "loss_scales": self.loss_scales[-2000:], "recompile_functions": self.recompile_functions,
             "pid_rank": {str(k): v for k, v in self.pid_rank.items()}, "waits": self.waits,
             "progress": self.progress, "comm_inits": self.comm_inits,
+            **self._survival.summary(),
         }
 
 
@@ -314,6 +319,7 @@ def scan_file(path: Path, rel: str, rank_hint: int | None = None, host_hint: str
     _flush_block(scan)
     for key in list(scan._tb):
         _end_traceback(scan, key, None, lineno)
+    scan._survival.apply(scan.events, scan.tracebacks, scan.exits)
     return scan
 
 
@@ -360,7 +366,10 @@ def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
         _traceback_step(scan, body, prefix_rank, stream_rank, lineno)
     if scan._fb.section or body.startswith(_FB_STARTS):
         _block_step(scan, body, lineno)
-    cands = lib.candidates(body)
+    # a step line nobody waits for: _hit would drop it, so its keywords are not looked up
+    cands = lib.candidates(body, scan._progress_full and not scan._survival.counts(prefix_rank))
+    if cands and len(cands) == 1 and cands[0].kind == PROGRESS_KIND and not _progress_wanted(scan, cands[0], prefix_rank):
+        cands = []  # the same, for a keyword other needles share ("step"): the regex need not run
     hits, failed = _matches(lib, cands, body) if cands else _NONE
     prev = scan._prev
     scan._prev = (body, lineno, prefix_rank, host, pid, hits, failed)
@@ -496,8 +505,20 @@ def _scrubbed(text: str) -> str:
 
 def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
          prefix_rank: int | None, host: str | None, pid: int | None) -> None:
+    sv = scan._survival
+    if sig.kind == PROGRESS_KIND and not _progress_wanted(scan, sig, prefix_rank):
+        return
     scan.sig_counts[sig.id] = scan.sig_counts.get(sig.id, 0) + 1
     scan.counts[sig.kind] = scan.counts.get(sig.kind, 0) + 1
+    snap = None
+    if sig.kind == PROGRESS_KIND:
+        sv.progress(prefix_rank, m.group("counter"))
+        if scan.sig_counts[sig.id] > EVENTS_PER_SIG:
+            return  # step lines are most of a long log: past the kept events, only the counters
+    elif sig.kind == RECOVERED_KIND:
+        sv.recovered()
+    elif sig.role != "context":
+        snap = sv.kind_hit(sig.kind, prefix_rank)
     fields = {k: _convert(k, v) for k, v in m.groupdict().items() if v is not None}
     rank = fields.get("rank") if isinstance(fields.get("rank"), int) else None
     if rank is None and sig.kind != "desync_lagging":
@@ -516,12 +537,24 @@ def _hit(scan: Scan, sig: Signature, m: re.Match[str], body: str, lineno: int,
     when, ts = parse_time(body, scan.year)
     if not when and scan._stamp:  # the collector's timestamp, when the line has none of its own
         when, ts = parse_time(scan._stamp, scan.year)
+    if snap is not None:
+        sv.mark(len(scan.events), snap)
     scan.events.append({
         "sig": sig.id, "kind": sig.kind, "role": sig.role, "severity": sig.severity,
         "priority": sig.priority, "rank": rank, "host": host or "", "file": scan.path,
         "line": lineno, "time": when, "ts": ts, "text": _scrubbed(body.strip())[:TEXT_CHARS],
         "fields": fields, "pid": pid if pid is not None else fields.get("pid") if isinstance(fields.get("pid"), int) else None,
     })
+
+
+def _progress_wanted(scan: Scan, sig: Signature, stream: int | None) -> bool:
+    """Step lines are most of a long log: past the first EVENTS_PER_SIG of a signature, one is
+    counted only while an error waits for progress (survival.py); the rest are not hits."""
+    n = scan.sig_counts.get(sig.id, 0)
+    if n == EVENTS_PER_SIG - 1:  # this hit fills the signature's events
+        scan._progress_seen.add(sig.id)
+        scan._progress_full = library().quiet_ids <= scan._progress_seen
+    return n < EVENTS_PER_SIG or scan._survival.counts(stream)
 
 
 def pg_of(body: str) -> str:
@@ -617,6 +650,8 @@ def _expand_tasks(spec: str) -> list[int]:
 
 def _add_exit(scan: Scan, ex: dict[str, Any]) -> None:
     if len(scan.exits) < MAX_EXITS:
+        if ex.get("exitcode") not in (0, None):
+            scan._survival.mark_exit(len(scan.exits))
         scan.exits.append(ex)
 
 
@@ -658,7 +693,9 @@ def _end_traceback(scan: Scan, key: Any, m: re.Match[str] | None, lineno: int) -
     msg = (m.group("msg") or "").strip()
     short = etype.rsplit(".", 1)[-1]
     kinds, roles = _message_kinds(msg)
-    if short in _LAUNCHER_EXC:
+    if short in _LAUNCHER_EXC or short.endswith("Warning"):
+        # a warning printed with its stack (warnings turned into tracebacks, logging's
+        # stack_info) says nothing failed
         role = "context"
     elif short in _CASCADE_EXC or ("cascade" in roles and "first_failure" not in roles):
         role = "cascade"
@@ -672,6 +709,8 @@ def _end_traceback(scan: Scan, key: Any, m: re.Match[str] | None, lineno: int) -
         "exc_line": lineno, "kinds": kinds,
     }
     if len(scan.tracebacks) < MAX_TRACEBACKS:
+        if role == "first_failure":
+            scan._survival.mark_traceback(len(scan.tracebacks), key)
         scan.tracebacks.append(rec)
 
 

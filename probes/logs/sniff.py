@@ -168,6 +168,12 @@ def _body(line: str) -> str:
     return strip_prefixes(line)[0] if first == "[" or first.isdigit() else line
 
 
+#: Kinds that only describe a run's progress ("step 500", a tqdm bar): the scanner needs them to
+#: tell a survived error from a fatal one, but a sentence such as "training crashes at step 500"
+#: holds one too, so they never make a file a log.
+_NOT_CLAIMING = frozenset({"train_progress"})
+
+
 def _signature_hit(lines: list[str]) -> bool:
     """Does any line, or two lines that read as one wrapped message, match a signature?
 
@@ -179,13 +185,13 @@ def _signature_hit(lines: list[str]) -> bool:
     prev_cands: list[Signature] = []
     for ln in lines:
         body = _body(ln)
-        cands = lib.candidates(body)
+        cands = [s for s in lib.candidates(body) if s.kind not in _NOT_CLAIMING]
         if cands and any(s.regex.search(body) for s in cands):
             return True
         if prev and (prev_cands or cands or lib.may_cross(prev, body)) and scan.wraps(prev, body):
             joined = prev + " " + body
             sigs = scan.seam_candidates(lib, prev, body, prev_cands + cands)
-            if any(sig.regex.search(joined) for sig in sigs):
+            if any(sig.regex.search(joined) for sig in sigs if sig.kind not in _NOT_CLAIMING):
                 return True
         prev, prev_cands = body, cands
     return False

@@ -18,7 +18,10 @@ Sources of the defaults (see shared/knowledge/perf-health-stability-anchors.md, 
 - ``window = 100``: llm-foundry ``KillLossSpike`` window_size and Megatron's 100 samples.
 - ``div_rel = 0.15`` for a sustained rise: llm-foundry flags divergence when at least half its
   window stays above a cap; we ask for the last window's median to stay 15% above the best
-  level reached (proposal, relative so it works for any loss scale).
+  level reached (proposal, relative so it works for any loss scale). ``div_z``, ``div_drop_rel``
+  and ``div_best_k`` keep a near-zero, heavy-tailed healthy loss from passing for a rise: a
+  pooled noise estimate, a floor of 5% of the loss's own drop, and a best level that is the
+  median of the 3 lowest window medians (reasons in :mod:`~doctor.probes.metrics.trend`).
 - ``gn_ratio = 10``: Megatron's ``SPIKY_LOSS_FACTOR`` (10x the reference) applied to the grad
   norm; "explosion" is an order of magnitude, sustained or followed by NaN/divergence.
 - ``ls_floor = 1``: DeepSpeed and Megatron ``min_loss_scale`` default; torch GradScaler starts
@@ -52,7 +55,10 @@ class Params:
     spike_gap: int = 3           # candidate points closer than this form one event
     recover_windows: float = 5.0  # look this many windows after a spike for recovery
     div_rel: float = 0.15        # sustained: last window's median 15% above the best level
-    div_z: float = 6.0           # ... and this many standard errors of a window median above it
+    div_z: float = 8.0           # ... and this many standard errors of a window median, the noise
+                                 # pooled over the windows compared (trend.py; healthy max 6.7)
+    div_drop_rel: float = 0.05   # ... and 5% of the drop from the first window to the best level
+    div_best_k: int = 3          # best level: median of the 3 lowest window medians (not the min)
     gn_ratio: float = 10.0       # grad norm >= 10x its trailing median (Megatron factor 10)
     gn_growth: float = 100.0     # or its window median grows 100x over the run
     gn_min_points: int = 2       # an explosion lasts at least this many logged points ...
@@ -387,42 +393,10 @@ def analyze_loss(steps: np.ndarray, x: np.ndarray, p: Params) -> dict[str, Any]:
 
 
 def _divergence(x: np.ndarray, steps: np.ndarray, b: Blocks, p: Params, spikes: list[dict[str, Any]]) -> dict[str, Any]:
-    """A rise that lasts: the last window sits well above the best level reached before it."""
-    res: dict[str, Any] = {"detected": False}
-    nb = len(b.med)
-    if nb < 4:
-        return res
-    size = b.size
-    tail = float(np.median(x[-size:]))
-    prior = b.med[:-1] if len(x) % size == 0 else b.med
-    kbest = int(np.argmin(prior[: max(1, len(prior) - 1)]))
-    best, best_sc = float(prior[kbest]), float(b.scale[kbest])
-    rise = tail - best
-    res.update(best=_f(best), best_step=int(steps[kbest * size]), tail=_f(tail))
-    # The noise of a window *median* is ~1.25 sigma / sqrt(window): compare the rise to that.
-    if not (rise >= p.div_rel * abs(best) and rise >= p.div_z * 1.2533 * best_sc / math.sqrt(size)):
-        return res
-    thr = best + 0.5 * rise
-    # The final stretch of blocks whose median stays above the half-way level.
-    above = b.med >= thr
-    k0 = len(above)
-    while k0 > 0 and above[k0 - 1]:
-        k0 -= 1
-    if k0 <= kbest:
-        return res
-    lo, hi = max(0, (k0 - 1) * size), min(len(x), (k0 + 1) * size)
-    sm = rolling_median(x[lo:hi], 5, centered=True)
-    hit = np.flatnonzero(sm >= thr)
-    start = lo + int(hit[0]) if len(hit) else k0 * size
-    sustained_points = len(x) - start
-    if sustained_points < max(size // 2, 5):
-        return res
-    st = int(steps[start])
-    after_spike = any(abs(sp["step"] - st) <= 2 * size for sp in spikes)
-    res.update(detected=True, step=st, from_value=_f(best), to_value=_f(tail),
-               ratio=_f(tail / best, 4) if best > 0 else None, after_spike=after_spike,
-               points=int(sustained_points), pos=start)
-    return res
+    """A rise that lasts (see :mod:`~doctor.probes.metrics.trend` for how noise is kept out)."""
+    from doctor.probes.metrics.trend import divergence
+
+    return divergence(x, steps, b, p, spikes)
 
 
 def _plateau(x: np.ndarray, steps: np.ndarray, b: Blocks, p: Params) -> dict[str, Any]:

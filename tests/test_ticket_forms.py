@@ -214,3 +214,15 @@ def test_an_unowned_note_with_numbers_is_read_whole_not_only_by_metrics(tmp_path
     assert owner is None and [p.name for p in also] == ["metrics"]  # the shape this test is about
     kinds = diagnose_path(note).facts["evidence"]["kinds"]
     assert {"metrics", "symptoms"} <= set(kinds), kinds
+
+
+@pytest.mark.parametrize("name", ["issue.md", "notes.txt"])
+def test_a_one_line_note_is_the_reporters_words(tmp_path: Path, name: str) -> None:
+    """One short sentence in a note is all some reporters write. It has too few function words to
+    count as prose and a step number that a progress counter matches, yet it is neither a log
+    (a log with no error would read as a healthy job) nor nothing: its state is the verdict's."""
+    note = tmp_path / name
+    note.write_text("Training crashes at step 500.\n")
+    rep = diagnose_path(note)
+    assert rep.facts["evidence"]["kinds"] == ["symptoms"]
+    assert rep.verdict["state"] == "crashed" and rep.exit_code == 3

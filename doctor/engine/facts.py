@@ -304,7 +304,7 @@ def _build(items: list[Item], source: str, symptom: str | None,
         if probe is None and not item.kind and _written_note(sample):
             # No reader owns it: read it as a ticket, whose blocks reach every reader (a co-reader
             # such as metrics alone would take its numbers and drop its words and log lines).
-            items.extend(_pieces(item, probes, scratch, ev))
+            items.extend(_pieces(item, probes, scratch, ev, note=True))
             continue
         if probe is None and not extra:
             if item.kind and item.kind not in by_name:
@@ -370,11 +370,14 @@ def _written_note(sample: Sample) -> bool:
     return ticket.is_text_note(sample) and (name.endswith(_NOTE_SUFFIXES) or "." not in name)
 
 
-def _pieces(item: Item, probes: tuple[Any, ...], scratch: ticket.Scratch, ev: dict[str, Any]) -> list[Item]:
+def _pieces(item: Item, probes: tuple[Any, ...], scratch: ticket.Scratch, ev: dict[str, Any],
+            note: bool = False) -> list[Item]:
     """A ticket's blocks and prose as items (``doctor.evidence.ticket``), each block already
-    claimed by content; ``evidence.documents`` says which piece went where."""
+    claimed by content; ``evidence.documents`` says which piece went where. ``note``: a written
+    note no reader owns, whose words are the reporter's even when too short to read as prose."""
     pieces = ticket.expand(item.path, item.rel, item.hints, scratch, lambda s: getattr(_claim(s, probes), "name", None),
-                           {p.name for p in probes if p.joins_pieces}, [p.name for p in probes if p.reads_prose])
+                           {p.name for p in probes if p.joins_pieces}, [p.name for p in probes if p.reads_prose],
+                           any_words=note)
     ev.setdefault("documents", []).extend(f"{rel}: {kind or 'not recognized'}" for _, rel, kind, _ in pieces)
     return [Item(f, rel, kind, hints) for f, rel, kind, hints in pieces]
 

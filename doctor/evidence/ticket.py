@@ -571,13 +571,15 @@ def _hints(block: Block, doc_hints: Hints) -> Hints:
 
 
 def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable[[Sample], str | None],
-           joins: set[str], prose_readers: list[str]) -> list[tuple[Path, str, str, Hints]]:
+           joins: set[str], prose_readers: list[str], any_words: bool = False) -> list[tuple[Path, str, str, Hints]]:
     """The pieces of the document at ``path`` as ``(file, provenance, kind, hints)`` to dispatch.
 
     Each block is claimed by content (``claim`` is the dispatcher's own); adjacent blocks that a
     kind in ``joins`` claims become one file (a log cut over two fences) unless the later one's
     label names another rank or host. A block repeated verbatim (a quoted reply quoting the log again) is read once, so
-    its events are not counted twice. The prose goes to each kind in ``prose_readers``. A block
+    its events are not counted twice. The prose goes to each kind in ``prose_readers`` (with
+    ``any_words``, a note no reader owns, even one short line: "Training crashes at step 500."
+    has too few function words to count as prose, yet it is all the reporter wrote). A block
     no kind claims comes back with kind ``""`` (not None): it is not split again.
     """
     with open(path, "rb") as fh:
@@ -617,7 +619,7 @@ def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable
             where = f"{rel} blocks {first.index}-{last_block.index}, lines {first.start}-{last_block.end}"
             f.write_bytes("".join(b.text for b in group).encode())
         out.append((f, where, kind or "", own))
-    if doc.n_prose and prose_readers:
+    if (doc.n_prose or (any_words and doc.prose.strip())) and prose_readers:
         f = scratch.file("prose.txt")
         f.write_text(doc.prose, encoding="utf-8")
         out.extend((f, f"{rel} prose", name, hints) for name in prose_readers)

@@ -263,5 +263,9 @@ def test_check_slurm_job_names_the_outlier_node(slurm_cluster, tmp_path: Path) -
     doc = json.loads(res.stdout)
     jsonschema.Draft202012Validator(_schema()).validate(doc)
     storage = next(f for f in doc["findings"] if f["cause"] == "slow_storage")
-    assert storage["hosts"] == ["node2"]
+    # node2 is named for having no room; node1 (a real folder on this machine's disk) may be named
+    # too when the disk writes below 200 MB/s at that moment, a real reading, not the fault here.
+    assert "node2" in storage["hosts"]
+    no_room = [e for e in storage["evidence"] if "free in" in e]
+    assert no_room and all(e.startswith("node2:") for e in no_room), storage["evidence"]
     assert doc["source"]["type"] == "check" and doc["source"]["slurm_job"] == job

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import re
 import socket
-import stat
 from pathlib import Path
 from typing import Any
+
+from doctor.probes.common.files import regular_file_key
 
 from doctor.evidence.contract import ProbeSkipped
 from doctor.evidence.jobpaths import JobFileRefused, open_job_file
@@ -57,13 +58,10 @@ def _live_sources(ctx: Any, fds: list[int]) -> list[tuple[Path, int | None, int 
     seen: dict[tuple[int, int], int] = {}
 
     def add(path: Path, rank: int | None, pid: int | None, why: str) -> None:
-        try:
-            st = os.stat(path)
-        except OSError:
+        found_key = regular_file_key(path)
+        if found_key is None:
             return
-        if not stat.S_ISREG(st.st_mode):
-            return
-        key = (st.st_dev, st.st_ino)
+        key = found_key[0]
         if key in seen:  # one log shared by several processes: no single rank owns it
             i = seen[key]
             p, r, q, w = found[i]

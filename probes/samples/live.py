@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from doctor.probes.common.files import regular_file_key
 from doctor.probes.common.text import strip_prefixes
 from doctor.probes.samples import timeshare as ts
 from doctor.probes.samples.profiles import ThreadSamples
@@ -123,13 +123,10 @@ class StepWatch:
                 self._attach(f"/proc/{pid}/fd/{fd}", rank)
 
     def _attach(self, path: str, rank: int) -> None:
-        try:
-            st = os.stat(path)
-        except OSError:
+        found = regular_file_key(path)
+        if found is None:
             return
-        if not stat.S_ISREG(st.st_mode):
-            return
-        key = (st.st_dev, st.st_ino)
+        key, size = found
         if key in self.files:
             self.files[key][3].add(rank)
             return
@@ -137,7 +134,7 @@ class StepWatch:
             fh = open(path, "rb")  # noqa: SIM115 - kept open for the window, closed in close()
         except OSError:
             return
-        self.files[key] = [fh, st.st_size, b"", {rank}]
+        self.files[key] = [fh, size, b"", {rank}]
 
     def usable(self) -> bool:
         """Some rank's output is a regular file: there is a counter to watch."""

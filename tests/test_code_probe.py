@@ -331,3 +331,26 @@ def test_a_spent_time_budget_leaves_a_note_not_an_error(tmp_path: Path, monkeypa
     monkeypatch.setattr(scan, "TIME_BUDGET_S", -1.0)
     code = _facts(FX / "ddp_rank0_eval.py")["code"]
     assert any("scan stopped" in n for n in code["notes"]) and code["rank_conditional_collectives"] == []
+
+
+def test_report_has_a_code_section_with_each_place_noted(tmp_path: Path) -> None:
+    """The report lists what the scan found at file:line, marking the places hang rules read."""
+    from doctor.render import view
+
+    (tmp_path / "train.py").write_text((ROOT / "tests/fixtures/code/ddp_early_exit.py").read_text())
+    report = diagnose_path(tmp_path)
+    sec = view.section(report, "code")
+    assert sec is not None
+    rows = {(r.cells[1].text, r.cells[2].text): r.marks for r in sec.body.rows}
+    exits = [k for k in rows if k[0] == "early exit under a rank condition"]
+    assert exits and rows[exits[0]] == ("LOOK",)
+    assert all(r.cells[0].text.startswith("train.py:") for r in sec.body.rows)
+    setup = dict(view.section(report, "code-setup").body.items)
+    assert setup["device setup"].startswith("nccl with no torch.cuda.set_device")
+
+
+def test_no_code_section_without_code(tmp_path: Path) -> None:
+    from doctor.render import view
+
+    (tmp_path / "train.log").write_text("step 1 loss 2.0\nstep 2 loss 1.9\n")
+    assert view.section(diagnose_path(tmp_path), "code") is None

@@ -20,8 +20,9 @@ from typing import Any, ClassVar
 
 from doctor.evidence.contract import Hints, Parsed, Probe, Sample, read_whole
 from doctor.evidence.errors import EvidenceError
+from doctor.evidence.sections import Section, SectionContext
 
-from . import scan, source
+from . import report, scan, source
 
 #: a traceback quotes indented source lines under these; never a script, whatever its name
 _TRACEBACK = re.compile(r'^\s*(?:Traceback \(most recent call last\)|File "[^"]+", line \d+)', re.M)
@@ -185,6 +186,9 @@ class CodeProbe(Probe):
         out["n_host_syncs_every_step"] = sum(1 for h in out["host_sync_in_loop"] if not h["every_n"])
         out["dataloaders_main_process"] = sum(1 for d in out["dataloaders"] if d["num_workers"] == 0)
         facts[self.name] = out
+
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        return report.sections(facts)
 
 
 PROBE = CodeProbe()

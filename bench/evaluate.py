@@ -617,7 +617,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cases:  # a partial run: show it, keep the document's full results
             print(json.dumps({"dev": summary, "sealed": sealed_summary}, indent=1))
         else:
-            data["accuracy"] = {**_stamp(cmd.strip()), "rows": dev, "summary": summary, "sealed": sealed_summary}
+            import ticket_parity  # the same tickets with their blocks as files (bench/ticket_parity.py)
+
+            prow = ticket_parity.run(None)
+            parity = {"dev": ticket_parity.summarize([r for r in prow if not r["sealed"]]),
+                      "sealed": ticket_parity.summarize([r for r in prow if r["sealed"]])}
+            data["accuracy"] = {**_stamp(cmd.strip()), "rows": dev, "summary": summary, "sealed": sealed_summary,
+                                "ticket_parity": parity}
         if args.json:
             args.json.write_text(json.dumps({"rows": dev, "summary": summary, "sealed": sealed_summary}, indent=1))
         if sealed_summary["n"]:

@@ -124,6 +124,7 @@ def _render_accuracy(acc: dict[str, Any]) -> list[str]:
           "(\"cited by a rule\" below) when its URL appears in rules/, probes/logs/patterns/, probes/ or playbooks/, or its "
           "evidence file is a rule's test case.", ""]
     L += _render_sealed(acc.get("sealed") or {})
+    L += _render_parity(acc.get("ticket_parity") or {})
     misses = [r for r in rows if not r["right"]]
     L += ["### Misses", ""]
     if not misses:
@@ -191,6 +192,29 @@ def _render_sealed(ss: dict[str, Any]) -> list[str]:
               f"nothing read at all {shapes['nothing_read']}, evidence read but no cause named "
               f"{shapes['read_no_finding']}, a wrong cause named {shapes['wrong_cause']}, "
               f"an alarm on a healthy case {shapes['alarm_on_healthy']}."]
+    return L + [""]
+
+
+def _render_parity(tp: dict[str, Any]) -> list[str]:
+    """Tickets against their own fenced blocks attached as files (bench/ticket_parity.py)."""
+    if not tp:
+        return []
+    L = ["### Tickets against the same evidence as files", "",
+         "`python bench/ticket_parity.py`: every fault case kept as the whole ticket, diagnosed as posted and "
+         "again as its fenced code blocks alone, each block a file of its own (what would have been attached "
+         "without the prose; the blocks are cut by a fence scanner of the script's own, not by mldoctor's "
+         "splitter). Most real tickets have no fenced block at all (prose, inline code, screenshots): those have "
+         "no files version and are counted apart.", "",
+         "| split | ticket cases | with fenced blocks | top-1 as the ticket | top-1 as files | top-3 ticket / files "
+         "| right only as the ticket / only as files | prose-only tickets (top-1) |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in ("dev", "sealed"):
+        s = tp.get(name)
+        if not s:
+            continue
+        L.append(f"| {name} | {s['tickets']} | {s['paired']} | {_pct((s['ticket_top1'], s['paired']))} | "
+                 f"{_pct((s['files_top1'], s['paired']))} | {s['ticket_top3']} / {s['files_top3']} | "
+                 f"{s['ticket_only_right']} / {s['files_only_right']} | {s['prose_only']} ({s['prose_only_top1']}) |")
     return L + [""]
 
 

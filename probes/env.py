@@ -64,6 +64,16 @@ def is_collect_env(text: str) -> bool:
     return "PyTorch version: " in head and len(set(_CE_KEYS.findall(head))) >= 4
 
 
+def is_package_list(text: str) -> bool:
+    """Only the package list of a collect_env report (its "Versions of relevant libraries:"
+    section, ``[pip3] name==version`` / ``[conda] name version ...`` lines), as tickets often
+    paste it: at least two package lines, and they make most of the non-blank lines. Why: which
+    nvidia-nccl-cu* / torch packages sit side by side is what tells two NCCL libraries apart."""
+    lines = [ln.strip() for ln in text[:8192].splitlines() if ln.strip()]
+    pkgs = sum(1 for ln in lines if _CE_PKG.match(ln))
+    return pkgs >= 2 and pkgs / max(1, len(lines)) >= 0.6
+
+
 def parse_collect_env(text: str) -> dict[str, Any]:
     """Versions, GPUs and packages of one collect_env report; "not known" values are left out."""
     versions: dict[str, str] = {}
@@ -211,6 +221,8 @@ class EnvProbe(Probe):
         raw = sample.raw
         if b"PyTorch version: " in raw and is_collect_env(sample.text):
             return True
+        if (b"[pip" in raw or b"[conda]" in raw) and is_package_list(sample.text):
+            return True
         if b"\x00" in raw[:4096]:
             parts = [p for p in raw.split(b"\x00") if p]
             good = sum(1 for p in parts[:200] if _KEYVAL.match(p.decode("utf-8", "replace")))
@@ -225,6 +237,9 @@ class EnvProbe(Probe):
     def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
         raw = path.read_bytes()
         if b"PyTorch version: " in raw[:8192] and is_collect_env(raw[:8192].decode("utf-8", "replace")):
+            report = parse_collect_env(raw.decode("utf-8", "replace"))
+            return Parsed(self.name, rel, {"vars": {}, "dropped": 0, "collect_env": report}, hints.rank, hints.host)
+        if (b"[pip" in raw[:8192] or b"[conda]" in raw[:8192]) and is_package_list(raw[:8192].decode("utf-8", "replace")):
             report = parse_collect_env(raw.decode("utf-8", "replace"))
             return Parsed(self.name, rel, {"vars": {}, "dropped": 0, "collect_env": report}, hints.rank, hints.host)
         if b"\x00" in raw[:4096]:

@@ -24,6 +24,11 @@ Formats (procps-ng and sysstat manuals):
 - ``free`` (free(1)): ``Mem:`` and ``Swap:`` rows under ``total used free shared buff/cache
   available``, in KiB, or the unit of ``-m``/``-g``/``-h``.
 - ``lscpu``: ``CPU(s):  16``.
+- top's task area and process table (top(1) "2c. TASK and CPU States", "3. FIELDS"): ``Tasks: 312
+  total,  70 running, ...`` (``Threads:`` with ``-H``), then the ``PID USER PR NI VIRT RES SHR S
+  %CPU %MEM TIME+ COMMAND`` header and one row per process, %CPU in per cent of one CPU (Irix
+  mode, the default: a process with 16 busy threads shows 1600); htop's ``Tasks: 55, 1530 thr; 64
+  running`` and its ``CPU%`` column. The running count is the run queue now, like vmstat's r.
 
 Several tools in one paste are read together; the facts are the worst reading of each kind
 (the highest load, iowait, swap use), because a paste is taken while the job is slow.
@@ -60,6 +65,9 @@ _OPENERS = (
     _FREE_HEAD,
     re.compile(r"^Architecture:\s+\w+"),
 )
+_TOP_TASKS = re.compile(r"^(?:Tasks|Threads):\s*(\d+)\s+total,\s*(\d+)\s+running", re.M)
+_HTOP_TASKS = re.compile(r"Tasks:\s*(\d+),\s*(\d+)\s+(?:thr|kthr)\b[^;\n]*;\s*(\d+)\s+running")
+_PROC_HEAD = re.compile(r"^\s*PID\s+USER\s+PRI?\s+NI\b.*?(%CPU|CPU%).*$", re.M)
 _PROMPT = re.compile(r"^(?:\$|#|>|\w[\w.@-]*[$#%])\s+\S")
 _UNIT_MB = {"": 1 / 1024, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2}
 _SCALE_MB = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
@@ -137,6 +145,13 @@ class HostToolsProbe(Probe):
         "host_tools.swap_io": "float: vmstat si + so (pages swapped in and out per second), median of the interval lines",
         "host_tools.disk_util_max": "float: highest iostat -x %util of a device",
         "host_tools.disk_util_device": "string: that device",
+        "host_tools.running": "float: tasks running or runnable now (top's Tasks/Threads line, htop's 'N running'), the highest read",
+        "host_tools.threads_total": "int: threads on the host (htop's 'N thr', top -H's Threads total), 0 unknown",
+        "host_tools.procs_listed": "int: process rows read from a top/htop process table",
+        "host_tools.procs_busy": "int: of those, rows using more than 1.5 CPUs (%CPU > 150: a multi-threaded pool at work)",
+        "host_tools.proc_cpu_max": "float: the highest %CPU of one process row (per cent of one CPU; 1600 = 16 CPUs busy)",
+        "host_tools.proc_cpu_sum": "float: the sum of %CPU over the rows (per cent of one CPU)",
+        "host_tools.running_per_core": "float: running / cores (0 when either is unknown)",
     }
 
     def sniff(self, sample: Sample) -> bool:
@@ -161,6 +176,7 @@ class HostToolsProbe(Probe):
         _mpstat(text, data)
         _iostat(text, data)
         _free(text, data)
+        _tasks(text, data)
         m = _LSCPU.search(text)
         if m:
             data["cores"] = int(m.group(1))
@@ -177,6 +193,9 @@ class HostToolsProbe(Probe):
             out["cores"] = max(out["cores"], int(d.get("cores") or 0))
             if d.get("load") and d["load"][0] >= out["load1"]:
                 out["load1"], out["load15"] = d["load"][0], d["load"][2]
+            for key in ("running", "threads_total", "procs_listed", "procs_busy", "proc_cpu_max", "proc_cpu_sum"):
+                if d.get(key) is not None:
+                    out[key] = max(out.get(key, 0), d[key])
             for key in ("runnable", "blocked", "swap_io", "swap_used_mb", "swap_total_mb", "mem_total_mb",
                         "disk_util_max", "swap_used_frac"):
                 if d.get(key) is not None:
@@ -198,6 +217,7 @@ class HostToolsProbe(Probe):
         cores = out["cores"]
         out["load_per_core"] = round(out["load1"] / cores, 2) if cores else 0.0
         out["runnable_per_core"] = round(out.get("runnable", 0.0) / cores, 2) if cores else 0.0
+        out["running_per_core"] = round(float(out.get("running", 0)) / cores, 2) if cores else 0.0
         facts[self.name] = out
 
 
@@ -358,6 +378,43 @@ def _free(text: str, data: dict[str, Any]) -> None:
                 data["swap_used_mb"] = round(rec.get("used") or 0.0, 1)
     if "mem_available_frac" in data or "swap_used_frac" in data:
         data["tools"].append("free")
+
+
+def _tasks(text: str, data: dict[str, Any]) -> None:
+    """top's ``Tasks:``/``Threads:`` line, htop's ``Tasks: N, M thr; R running`` and the process
+    table under a ``PID USER PR NI ... %CPU`` header: how many threads are runnable now and how
+    many CPUs each listed process keeps busy (%CPU is per cent of one CPU in top's Irix mode)."""
+    for m in _TOP_TASKS.finditer(text):
+        data["running"] = max(float(data.get("running", 0.0)), float(m.group(2)))
+        if m.group(0).startswith("Threads"):
+            data["threads_total"] = max(int(data.get("threads_total", 0)), int(m.group(1)))
+    for m in _HTOP_TASKS.finditer(text):
+        data["running"] = max(float(data.get("running", 0.0)), float(m.group(3)))
+        data["threads_total"] = max(int(data.get("threads_total", 0)), int(m.group(2)))
+    head = _PROC_HEAD.search(text)
+    if head:
+        names = head.group(0).split()
+        col = names.index(head.group(1))
+        cpus = []
+        for ln in text[head.end():].splitlines()[1:]:
+            parts = ln.split()
+            if not parts:
+                if cpus:
+                    break
+                continue
+            if len(parts) < len(names) - 1 or not parts[0].isdigit():
+                break
+            v = _f(parts[col])
+            if v is not None:
+                cpus.append(v)
+        if cpus:
+            data["procs_listed"] = len(cpus)
+            data["procs_busy"] = sum(1 for v in cpus if v > 150.0)
+            data["proc_cpu_max"] = max(cpus)
+            data["proc_cpu_sum"] = round(sum(cpus), 1)
+    if "running" in data or "procs_listed" in data:
+        if not any(t in data["tools"] for t in ("top", "htop")):
+            data["tools"].append("htop" if "thr;" in text or "CPU%" in text else "top")
 
 
 PROBE = HostToolsProbe()

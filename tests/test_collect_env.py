@@ -128,3 +128,15 @@ def test_a_log_that_prints_the_report_first(tmp_path: Path) -> None:
     assert facts["env"]["versions"]["os"].startswith("Ubuntu 24.04")
     plain = sorted((x.cause, x.severity) for x in diagnose_path(NCCL_LOG).findings)
     assert sorted((x.cause, x.severity) for x in diagnose_path(f).findings) == plain
+
+
+def test_a_pasted_package_list_alone_is_read_as_packages(tmp_path: Path) -> None:
+    """Tickets often paste only collect_env's library list: two NCCL packages side by side must
+    reach env.packages (NET023 reads them), a stray [pip3] mention must not make an env file."""
+    listing = ("[pip3] nvidia-nccl-cu12==2.29.3\n[pip3] nvidia-nccl-cu13==2.29.7\n"
+               "[pip3] torch==2.10.0\n[conda] numpy 1.26.4 py311h_0 conda-forge\n")
+    assert env_probe.is_package_list(listing)
+    assert not env_probe.is_package_list("we installed [pip3] torch==2.1.0 yesterday\nand then\nit broke\n")
+    (tmp_path / "pkgs.txt").write_text(listing)
+    env = _facts(tmp_path)["env"]
+    assert env["packages"]["nvidia-nccl-cu13"] == "2.29.7" and env["versions"]["nccl"] == "2.29.7"

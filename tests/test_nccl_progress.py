@@ -157,3 +157,63 @@ REAL = sorted(p for p in (FIX / "logs").iterdir() if p.is_dir())
 @pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
 def test_real_logs_fire_none_even_when_said_to_hang(path: Path) -> None:
     assert not _fired(_facts(path, hang=True)) & OURS
+
+
+# -- IB fault lines the job got past, and advertised addresses (ib_fault_facts, address_facts) --
+
+def test_ib_line_followed_by_init_complete_of_the_same_process_is_passed() -> None:
+    events = [_ev(3, "ib_error"), _ev(8, "nccl_init_complete", comm_rank=0)]
+    p = progress_facts([_scan(events, 8)])
+    assert (p["ib_faults"], p["ib_faults_passed"]) == (0, 1)
+
+
+def test_ib_line_after_init_or_of_another_process_stays_a_fault() -> None:
+    events = [_ev(3, "nccl_init_complete", comm_rank=0), _ev(5, "ib_error"),
+              _ev(6, "ib_error", pid=2), _ev(9, "nccl_init_complete", pid=3, comm_rank=1)]
+    p = progress_facts([_scan(events, 9)])
+    assert (p["ib_faults"], p["ib_faults_passed"]) == (2, 0)
+
+
+def test_ib_line_the_job_trained_past_is_passed() -> None:
+    ev = _ev(5, "ib_error")
+    ev["survived"] = True
+    p = progress_facts([_scan([_ev(1, "nccl_bootstrap", iface="eth0", addr="10.0.0.1"), ev], 9)])
+    assert (p["ib_faults"], p["ib_faults_passed"]) == (0, 1)
+
+
+def test_same_address_on_two_hosts_and_loopback_on_a_multi_host_job() -> None:
+    events = [_ev(1, "nccl_bootstrap", host="a", iface="eth0", addr="172.17.0.2"),
+              _ev(2, "nccl_bootstrap", host="b", pid=2, iface="eth0", addr="172.17.0.2"),
+              _ev(3, "nccl_net", host="c", pid=3, net="Socket", devices="[0]lo:127.0.0.1<0>")]
+    p = progress_facts([_scan(events, 3)])
+    assert p["shared_addrs"] == ["172.17.0.2"] and p["shared_addr_hosts"] == ["a", "b"]
+    assert p["loopback_hosts"] == ["c"]
+    assert "NET024" in _fired({"logs": {"files": 1, "nccl_progress": p}})
+
+
+def test_own_addresses_per_host_raise_nothing() -> None:
+    events = [_ev(1, "nccl_bootstrap", host="a", iface="eth0", addr="10.0.0.1"),
+              _ev(2, "nccl_bootstrap", host="b", pid=2, iface="eth0", addr="10.0.0.2"),
+              _ev(3, "nccl_bootstrap", host="a", pid=4, iface="lo", addr="127.0.0.1")]
+    p = progress_facts([_scan(events, 3)])
+    assert p["shared_addrs"] == [] and p["loopback_hosts"] == ["a"]
+    single = progress_facts([_scan([_ev(1, "nccl_bootstrap", iface="lo", addr="127.0.0.1")], 1)])
+    assert single["loopback_hosts"] == []
+
+
+def test_host_local_interface_in_the_socket_list_counts_only_when_sockets_carry_data() -> None:
+    sock = _ev(1, "nccl_net", host="a", net="Socket", devices="[0]eth0:10.0.0.1<0> [1]docker0:172.17.0.1<0>")
+    other = _ev(2, "nccl_bootstrap", host="b", pid=2, iface="eth0", addr="10.0.0.2")
+    p = progress_facts([_scan([sock, other, _ev(3, "nccl_network", host="a", net="Socket")], 3)])
+    assert p["local_ifaces"] == ["a: docker0"]
+    over_ib = progress_facts([_scan([sock, other, _ev(3, "nccl_network", host="a", net="IB")], 3)])
+    assert over_ib["local_ifaces"] == []
+
+
+def test_ib_device_discovery_lines_are_skipped_not_faults() -> None:
+    opened = _ev(2, "ib_error", device="mlx5_3")
+    opened["sig"] = "nccl_ibv_failed"
+    reg = _ev(3, "ib_error", call="reg_mr")
+    reg["sig"] = "nccl_ibv_failed"
+    p = progress_facts([_scan([opened, reg], 3)])
+    assert (p["ib_faults"], p["ib_faults_passed"], p["ib_devices_skipped"]) == (1, 0, 1)

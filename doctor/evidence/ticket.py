@@ -17,9 +17,13 @@ wrapping, once, for every shape we meet:
 - a Markdown table whose column holds log lines gives that column's lines (a table of numbers
   stays whole for the metrics reader); ``collect_env`` output pasted bare under "### Versions" is
   one block;
-- bare machine lines in the prose (a traceback, NCCL lines, trainer metric lines pasted without a
-  fence) become blocks of their own; such a block never runs on into another quote level's or
-  another speaker's text.
+- bare machine lines in the prose (a traceback, NCCL lines, trainer metric lines, the shell's
+  ``Killed`` / ``Segmentation fault (core dumped)``, ``terminate called after throwing``, torchrun's
+  ``[WARNING]`` lines pasted without a fence) become blocks of their own; such a block never runs
+  on into another quote level's or another speaker's text. An exception quoted inside a sentence
+  (``... I get RuntimeError: Expected all tensors ...``) becomes a one-line block too, its sentence
+  staying prose; and a short bare block no probe claims goes back to the prose (:func:`expand`),
+  so the state it names ("Aborted (core dumped)" as an issue's title) is still read.
 
 :func:`split` returns the blocks (each with its 1-based line span in the document, so a finding
 can say "issue.md block 3, lines 12-40") and the prose, with every block line blanked so line
@@ -118,11 +122,23 @@ _STRONG = re.compile(
     # gdb's prompt and frames without an address; banners ("***** Running training *****",
     # "=====NVSMI LOG====="); aligned "key   : value" (nvidia-smi -q) and "key:    value" (lscpu)
     r"|\(gdb\) |#\d+ +[\w:<>~.]+ \(|[*=#~_-]{5,}[^*=#~_-]{1,60}[*=#~_-]{5,}\s*$|\*{3,} [^*]{1,60} \*{3,}\s*$"
-    r"|[A-Za-z][^:\n]{0,60}?\S\s{2,}: \S|[A-Za-z][\w ()./-]{0,40}:\s{4,}\S)"
+    r"|[A-Za-z][^:\n]{0,60}?\S\s{2,}: \S|[A-Za-z][\w ()./-]{0,40}:\s{4,}\S"
+    # how a shell reports a process that died: "Killed", "Segmentation fault (core dumped)", with
+    # the script's line prefix ("./train.sh: line 1:  7364 Killed   python3 train.py") or a job
+    # number ("[1]+  Killed   python train.py"); the C++ runtime's "terminate called after throwing";
+    # an exception line that ends at its colon ("...errors.ChildFailedError:")
+    r"|(?:\S+: line \d+: +\d+ +|\[\d+\][+-]? +)?(?:Killed|Terminated|Segmentation fault|Aborted|Bus error"
+    r"|Floating point exception|Illegal instruction)(?: +\(core dumped\))?(?:\s*$|\s{2,}\S)"
+    r"|terminate called (?:after throwing|without an active exception|recursively)"
+    r"|[A-Za-z_][\w.]*(?:Error|Exception):\s*$)"
 )
 #: Text that marks a log line anywhere in it, unless the line reads as a sentence.
 _WEAK = re.compile(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|Watchdog caught|CUDA error|Signal \d+ \(SIG"
-                   r"|\b\w+Error: |Killed process \d+")
+                   r"|\b\w+Error: |Killed process \d+|\(core dumped\)"
+                   # a level in brackets or between dashes after a logger's name or time
+                   # ("torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process ...",
+                   # "2024-05-01 10:00:01 - INFO - ...")
+                   r"|\[(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\]|\s-\s(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s-\s")
 #: Words of running text: a line with several of these and few symbols is prose.
 _PROSE_WORDS = re.compile(
     r"\b(?:the|a|an|is|are|was|were|we|i|it|my|our|this|that|when|with|after|but|and|to|of|on|"
@@ -133,6 +149,11 @@ _PROSE_WORDS = re.compile(
 
 MAX_BLOCKS = 500
 
+#: An exception quoted inside a sentence ("When I start I get RuntimeError: Expected all tensors
+#: to be on the same device ..."): the sentence stays prose, and the error from its class name on
+#: becomes a one-line block of its own, so the log signatures read it as they would in a fence.
+_INLINE_ERROR = re.compile(r"(?<![\w.])(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception): \S.{8,}")
+
 
 @dataclass(frozen=True)
 class Block:
@@ -142,7 +163,9 @@ class Block:
     start: int          #: first line (1-based) of the content in the document
     end: int            #: last line
     text: str
-    shape: str          #: fenced | indented | jira | html | table | bare | quoted | chat (bare lines under a wrapper)
+    #: fenced | indented | jira | html | table | bare | quoted | chat (bare lines under a wrapper)
+    #: | inline (an exception quoted inside a sentence; its line is prose too)
+    shape: str
     lang: str = ""      #: the fence's language tag, if any
     #: The line just above the block ("rank 3:", a <summary>): its rank or host names the block
     #: the way a file name would.
@@ -467,6 +490,9 @@ def split(text: str) -> Document:
         else:
             close_bare(bare)
             prose[i] = content
+            m = _INLINE_ERROR.search(content) if "rror: " in content or "xception: " in content else None
+            if m:  # "... I get RuntimeError: Expected all tensors ..." : the log probes read the error too
+                spans.append((i, i, "inline", "", [content[m.start():].strip()]))
         i += 1
     close_bare(bare)
 
@@ -475,7 +501,7 @@ def split(text: str) -> Document:
             continue
         doc.blocks.append(Block(len(doc.blocks) + 1, s + 1, max(s, e) + 1, "\n".join(body) + "\n", shape, lang,
                                 _label(lines, s - (shape in ("fenced", "jira", "html")))))
-        doc.n_machine += len(body)
+        doc.n_machine += len(body) if shape != "inline" else 0  # its line is prose as well
         doc.n_bare += len(body) if shape in ("bare", "quoted", "chat") else 0
     doc.n_prose = sum(1 for p in prose if _is_prose(p))
     doc.prose = "\n".join(prose) + "\n"
@@ -538,6 +564,11 @@ def suffix_for(block: Block) -> str:
         return ".json"
     return ".log"
 
+
+#: Block shapes whose lines go back to the prose when no kind claims them, and the most lines
+#: such a block may have (see :func:`expand`).
+_PROSE_BACK = ("bare", "quoted", "chat")
+MAX_PROSE_BACK = 3
 
 #: A document is read whole to split it; past this it is cut (a ticket is not a log archive).
 MAX_DOCUMENT = 64 * 1024 * 1024
@@ -606,6 +637,20 @@ def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable
             last[0].append(block)
         else:
             groups.append(([block], kind, own))
+    # A short bare block no kind claims ("Aborted (core dumped)" under a sentence, an issue title
+    # that quotes the exit) is still the reporter's own account of what happened: its lines go
+    # back into the prose, where the symptom reader finds the state they name. Longer unclaimed
+    # blocks stay out (a config or dump pasted bare names no state).
+    prose = doc.prose
+    back = [b for group, kind, _ in groups if kind is None for b in group
+            if b.shape in _PROSE_BACK and b.end - b.start < MAX_PROSE_BACK]
+    if back:
+        lines = prose.split("\n")
+        for b in back:
+            for k, text in enumerate(b.text.rstrip("\n").split("\n")):
+                if 0 <= b.start - 1 + k < len(lines):
+                    lines[b.start - 1 + k] = text
+        prose = "\n".join(lines)
     out: list[tuple[Path, str, str, Hints]] = []
     for group, kind, own in groups:
         first, last_block = group[0], group[-1]
@@ -619,8 +664,8 @@ def expand(path: Path, rel: str, hints: Hints, scratch: Scratch, claim: Callable
             where = f"{rel} blocks {first.index}-{last_block.index}, lines {first.start}-{last_block.end}"
             f.write_bytes("".join(b.text for b in group).encode())
         out.append((f, where, kind or "", own))
-    if (doc.n_prose or (any_words and doc.prose.strip())) and prose_readers:
+    if (doc.n_prose or ((any_words or back) and prose.strip())) and prose_readers:
         f = scratch.file("prose.txt")
-        f.write_text(doc.prose, encoding="utf-8")
+        f.write_text(prose, encoding="utf-8")
         out.extend((f, f"{rel} prose", name, hints) for name in prose_readers)
     return out

@@ -197,6 +197,14 @@ class GpuProbe(Probe):
         "gpu.shared[].pids": "list<int>: their processes",
         "gpu.shared[].host": "string: host",
         "gpu.shared[].why": "list<string>: which ranks and processes",
+        "gpu.crowded": "list<map>: GPUs holding two or more compute processes of one program while another GPU of the same host holds none (ranks piled on one device; no rank mapping needed): label, host, index, pids, name, idle",
+        "gpu.crowded[].label": "string: host:gpuN",
+        "gpu.crowded[].host": "string: host",
+        "gpu.crowded[].index": "int: GPU index on its host",
+        "gpu.crowded[].pids": "list<int>: the processes of that program on it",
+        "gpu.crowded[].name": "string: their program name",
+        "gpu.crowded[].idle": "list<string>: GPUs of the same host with no process",
+        "gpu.crowded[].why": "list<string>: how many processes on which GPU, and the idle ones",
         "gpu.busy_ranks": "list<int>: ranks whose main GPU is busy (util >= 50 %)",
         "gpu.xid_events": "list<map>: Xid events seen during the probe: host, gpu, xid, hardware (bool)",
         "gpu.xid": "map<string,any>: registered (labels), error (why registration failed), window_s",
@@ -414,6 +422,8 @@ class GpuProbe(Probe):
                            "why": [f"ranks {', '.join(map(str, sorted(rs)))} (pids {', '.join(map(str, pids))}) "
                                    "hold their main CUDA context on it"]})
 
+        crowded = _crowded(devices)
+
         def rec(d: dict[str, Any], group: str, **extra: Any) -> dict[str, Any]:
             return {"label": d["label"], "host": d["host"], "index": d["index"], "uuid": d.get("uuid"),
                     "why": list(d["why"][group]), "ranks": d["ranks"], **extra}
@@ -438,7 +448,7 @@ class GpuProbe(Probe):
             "devices": devices, "by_host": by_host, "samples": sample_summaries,
             "pid_to_gpu": pid_to_gpu, "by_rank": by_rank, "faulty": faulty, "throttled": throttled,
             "power_capped": capped, "pcie_degraded": pcie, "shared": shared,
-            "busy_ranks": sorted(int(r) for r, e in by_rank.items() if e.get("busy")),
+            "crowded": crowded, "busy_ranks": sorted(int(r) for r, e in by_rank.items() if e.get("busy")),
             "xid_events": xid_events, "xid": xid_info, "cost": cost,
         }
 
@@ -506,3 +516,33 @@ def _fill_missing(cur: dict[str, Any], new: dict[str, Any]) -> None:
 
 PROBE = GpuProbe()
 
+
+def _crowded(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GPUs where one program runs two or more compute processes while a GPU of the same host
+    runs none.
+
+    Why: a pasted nvidia-smi table carries no rank mapping, so ``gpu.shared`` cannot see ranks
+    that all landed on GPU 0 (no ``set_device(local_rank)``); the shape itself tells it: N copies
+    of one program on one GPU and idle GPUs beside it. Small extra contexts on GPU 0 next to each
+    rank's own GPU leave no GPU idle and are not counted.
+    """
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for d in devices:
+        by_host.setdefault(d.get("host") or "", []).append(d)
+    out: list[dict[str, Any]] = []
+    for host, devs in by_host.items():
+        idle = [d["label"] for d in devs if not d["processes"]]
+        if not idle:
+            continue
+        for d in devs:
+            names: dict[str, list[int]] = {}
+            for p in d["processes"]:
+                if "C" in str(p.get("type") or "C"):
+                    names.setdefault(str(p.get("name") or ""), []).append(p["pid"])
+            for name, pids in names.items():
+                if len(pids) >= 2:
+                    out.append({"label": d["label"], "host": host, "index": d["index"], "pids": pids,
+                                "name": name, "idle": idle,
+                                "why": [f"{len(pids)} {name or 'compute'} processes on {d['label']} "
+                                        f"while {', '.join(idle)} run none"]})
+    return out

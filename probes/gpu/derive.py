@@ -143,6 +143,12 @@ def _hardware_health(d: dict[str, Any]) -> list[str]:
         faults.append(("retired pages pending: reset the GPU", False))
     if "reset_required" in d["errors"]:
         faults.append(("nvidia-smi says a GPU reset is required", False))
+    if "table" in d["errors"]:
+        # nvidia-smi prints ERR! where NVML returned an error for the field. A whole row of them
+        # (the name, or the ECC cell as well) means the driver cannot talk to the GPU any more
+        # (fallen off the bus, firmware hung); a lone fan or power ERR! is a sensor that failed.
+        whole = d.get("name") == "ERR!" or "ecc.volatile_uncorrected" in d["errors"]
+        faults.append(("nvidia-smi prints ERR! for this GPU's fields (NVML cannot read them)", whole))
     for ev in d.get("xids", []):
         if ev.get("xid") in HARDWARE_XIDS:
             faults.append((f"Xid {ev['xid']} seen during the probe", ev.get("xid") != 63))

@@ -163,7 +163,7 @@ class LogsProbe(Probe):
         "logs.nccl_init.incomplete": "list<string>: 'rank R of N (commId X)' for each of them, at most 32",
         "logs.nccl_init.nranks_differ": "list<string>: commIds whose ranks report different nranks",
         "logs.nccl_init.nranks_seen": "list<string>: 'commId X: nranks A, B' for each of those",
-        "logs.nccl_progress": "map<string,any>: where NCCL_DEBUG=INFO output stops: set-up stage reached, whether lines follow, nodes, transports, drivers (logs/nccl_progress.py)",
+        "logs.nccl_progress": "map<string,any>: where NCCL_DEBUG=INFO output stops: set-up stage reached, whether lines follow, nodes, transports, drivers; InfiniBand fault lines and whether set-up or training got past them (ib_faults, ib_faults_passed, ib_devices_skipped); the addresses hosts advertise (addr_lines, addr_hosts, shared_addrs, shared_addr_hosts, loopback_hosts, local_ifaces) (logs/nccl_progress.py)",
         "logs.named_by_torch": "map: ranks torch itself names at a timeout (desync debug, monitored_barrier)",
         "logs.named_by_torch.lagging": "list<int>: desync debug: finished collective #k, never joined #k+1",
         "logs.named_by_torch.unfinished": "list<int>: desync debug: joined the collective the others wait in and never finished it",

@@ -32,6 +32,7 @@ followed, which only ever makes the facts below more cautious.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 #: set-up stages in NCCL's order; a process's stage is the furthest one its lines show
@@ -45,6 +46,9 @@ _STAGE_OF_KIND = {
 #: kinds of lines a training loop prints as it goes (step counters, progress bars: the training
 #: signatures of patterns/*.yaml); any of them after the set-up means the job got past it
 PROGRESS_KINDS = frozenset({"train_progress"})
+#: kinds of InfiniBand/GPUDirect fault lines (patterns nccl*.yaml, net_more.yaml) that the job may
+#: still have got past: see :func:`ib_fault_facts`
+IB_FAULT_KINDS = frozenset({"ib_error", "gdr_error"})
 #: lines after a file's last NCCL line that still count as "the log stops there": a pasted
 #: "<hangs here>" remark, a launcher's "^C", a blank line
 TAIL_SLACK = 3
@@ -143,7 +147,126 @@ def progress_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
                          for h, v in sorted(drivers.items())][:16],
         "driver_differ": len(distinct_drivers) > 1,
         "never_started": never_started(scans),
+        **ib_fault_facts(scans),
+        **address_facts(scans),
     }
+
+
+_ADDR = re.compile(r"(?:\[\d+\])?(?P<iface>[\w.-]+):(?P<addr>[0-9a-fA-F.:%\w-]+?)<\d+>")
+#: addresses that name the host itself, never a peer: loopback
+_LOOPBACK = re.compile(r"^(?:127\.|::1$|::ffff:127\.)")
+#: interface names that only reach the host itself or its local containers/VMs: loopback,
+#: Docker's and libvirt's bridges, Docker user bridges (br-<id>), container veth ends
+_LOCAL_IFACE = re.compile(r"^(?:lo|docker\d*|virbr\d*|br-[0-9a-f]{6,}|veth\w*)$")
+
+
+def address_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The IP addresses each host's NCCL bootstrap and socket transport use, and the ones that
+    cannot carry traffic between hosts.
+
+    Why: NCCL advertises the address of the interface it picked ("Bootstrap : Using
+    eth0:10.0.0.2<0>", src/bootstrap.cc; "NET/Socket : Using [0]eth0:10.0.0.2<0>",
+    src/transport/net_socket.cc) and its peers connect to it. Two different hosts that advertise
+    the same address picked a host-local network: containers on Docker's default bridge all get
+    172.17.0.2, a libvirt bridge is 192.168.122.1 everywhere, a NAT'd pod network repeats; and a
+    loopback address (127.x, ::1) on a job of several hosts is unreachable by definition. Both
+    stop the job at set-up (a hang in bootstrap, or connect errors), whatever the interface is
+    called, which the interface-name check (lo, docker0, virbr0) alone misses. ``local_ifaces``
+    adds the host-local interface names (lo, docker*, virbr*, br-<id>, veth*) that the socket
+    transport lists next to a good one ("NET/Socket : Using [0]eth0:... [1]docker0:..."): NCCL
+    spreads traffic over every listed interface, so the peers' connections to the bridge fail."""
+    by_host: dict[str, set[str]] = {}
+    ifaces: dict[str, set[str]] = {}
+    sock_ifaces: dict[str, set[str]] = {}
+    chosen: set[str] = set()
+    for sc in scans:
+        for e in sc.get("events", []):
+            host = str(e.get("host") or "")
+            if not host:
+                continue
+            f = e.get("fields") or {}
+            if e.get("kind") == "nccl_bootstrap" and f.get("addr"):
+                by_host.setdefault(host, set()).add(str(f["addr"]))
+                ifaces.setdefault(host, set()).add(str(f.get("iface") or ""))
+            elif e.get("kind") == "nccl_net" and f.get("net") == "Socket" and f.get("devices"):
+                for m in _ADDR.finditer(str(f["devices"])):
+                    by_host.setdefault(host, set()).add(m.group("addr"))
+                    sock_ifaces.setdefault(host, set()).add(m.group("iface"))
+            elif e.get("kind") == "nccl_network" and f.get("net"):
+                chosen.add(str(f["net"]))
+    owners: dict[str, set[str]] = {}
+    for host, addrs in by_host.items():
+        for a in addrs:
+            owners.setdefault(a, set()).add(host)
+    shared = sorted(a for a, hs in owners.items() if len(hs) > 1 and not _LOOPBACK.match(a))
+    # several hosts: addresses from more than one, or NCCL lines of more than one host at all
+    multi = len(by_host | {h: set() for sc in scans for h in sc.get("nccl_hosts", []) if h}) > 1
+    loop = sorted(h for h, addrs in by_host.items() if multi and any(_LOOPBACK.match(a) for a in addrs))
+    if not chosen or "Socket" in chosen:  # the socket transport's list matters only when it carries data
+        for h, names in sock_ifaces.items():
+            ifaces.setdefault(h, set()).update(names)
+    local = sorted({f"{h}: {i}" for h, names in ifaces.items() for i in names if multi and _LOCAL_IFACE.match(i)})
+    lines = [f"{h}: {', '.join(sorted(a))}" for h, a in sorted(by_host.items())][:16]
+    return {
+        "addr_hosts": len(by_host),
+        "shared_addrs": shared[:16],          # one address advertised by several hosts
+        "shared_addr_hosts": sorted({h for a in shared for h in owners[a]})[:64],
+        "loopback_hosts": loop[:64],          # hosts advertising 127.x / ::1 on a multi-host job
+        "local_ifaces": local[:16],           # "host: docker0": host-local interfaces NCCL uses, multi-host job
+        "addr_lines": lines,
+    }
+
+
+def ib_fault_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many InfiniBand/GPUDirect fault lines the job did not get past.
+
+    Why: NCCL's IB transport prints WARN lines that healthy jobs also show, for a HCA it then
+    skips at set-up or a port event it rides out. What tells a fault from noise is what the same
+    process did next: a fatal IB error aborts NCCL's set-up (the result code climbs back to
+    ncclCommInitRank), so an "Init COMPLETE" printed later by the same process (file, host, pid)
+    means the error did not stop it; and training steps after the error (``survived``, from
+    probes/logs/survival.py) mean the job went on. Device discovery lines NCCL skips past by
+    design ("Unable to open device", see _IB_SKIP_SIGS) are ``ib_devices_skipped``.
+    ``ib_faults`` counts the other lines with neither, ``ib_faults_passed`` the passed ones. Lines without a pid (pasted without NCCL's host:pid prefix)
+    can only be passed by training progress."""
+    open_, passed, skipped = 0, 0, 0
+    for sc in scans:
+        events = sc.get("events", [])
+        done_at: dict[tuple[str, str, Any], int] = {}
+        for e in events:
+            if e.get("kind") == "nccl_init_complete" and e.get("pid") is not None:
+                k = _proc_key(e)
+                done_at[k] = max(done_at.get(k, 0), int(e.get("line") or 0))
+        for e in events:
+            if e.get("kind") not in IB_FAULT_KINDS:
+                continue
+            later_init = e.get("pid") is not None and done_at.get(_proc_key(e), 0) > int(e.get("line") or 0)
+            if e.get("survived") or later_init:
+                passed += 1
+            elif _ib_device_skipped(e):
+                skipped += 1
+            else:
+                open_ += 1
+    return {"ib_faults": open_, "ib_faults_passed": passed, "ib_devices_skipped": skipped}
+
+
+#: NCCL's IB device discovery: a device or port it cannot open or query is skipped (``continue``
+#: after the WARN, NVIDIA/nccl v2.21.5-1 src/transport/net_ib.cc:426/433/440; the RoCE version
+#: probe of src/transport/net_ib/connect.cc:242/252 falls back the same way); set-up goes on with
+#: the other devices or with sockets
+_IB_SKIP_SIGS = frozenset({
+    "nccl_net_net_ib_unable_to_query", "nccl_net_net_ib_unable_to_query_2", "nccl_net_net_ib_unable_to_query_3",
+    "nccl_net_net_ib_open_failed_in", "nccl_net_net_ib_read_failed_in",
+})
+_IB_SKIP_CALLS = frozenset({"open_device", "query_device", "query_port", "get_device_list", "query_gid"})
+
+
+def _ib_device_skipped(ev: dict[str, Any]) -> bool:
+    """An IB line of device discovery that NCCL skips past (see _IB_SKIP_SIGS)."""
+    if ev.get("sig") in _IB_SKIP_SIGS:
+        return True
+    f = ev.get("fields") or {}
+    return ev.get("sig") == "nccl_ibv_failed" and (bool(f.get("device")) or f.get("call") in _IB_SKIP_CALLS)
 
 
 def never_started(scans: list[dict[str, Any]]) -> list[int]:

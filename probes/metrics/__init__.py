@@ -276,7 +276,7 @@ class MetricsProbe(Probe):
         "metrics.curves[].values": "list<float|string>: their values; 'nan', 'inf', '-inf' mark non-finite points",
         "metrics.params": "map<string,float>: detector thresholds in effect (MLDOCTOR_METRICS_<NAME> overrides)",
         "metrics.partial": "map: partial evidence (a line or a few points, too little for the series detectors): "
-                           "nan, jump, slowdown; only the keys something was found for",
+                           "nan, jump, slowdown, rise, grad_growth; only the keys something was found for",
         "metrics.partial.nan": "map: a NaN/Inf loss in a series of one logged value: value, series, count, finite_elsewhere, detail",
         "metrics.partial.nan.value": "string: nan | inf | -inf",
         "metrics.partial.nan.series": "string: the piece it was read from",
@@ -308,6 +308,31 @@ class MetricsProbe(Probe):
         "metrics.partial.slowdown.data_added_share": "float: share of the added step time that the added data time "
                                                      "accounts for (0-1), when both are stated",
         "metrics.partial.slowdown.detail": "string: one readable line",
+        "metrics.partial.rise": "map: in a finite loss series too short for the divergence detector, the last two values "
+                                "at least 1.5x the lowest before them and above the first: low_step, low_value, "
+                                "first_value, last_value, ratio, points, series, detail",
+        "metrics.partial.rise.low_step": "int: step (or log entry) of the lowest value",
+        "metrics.partial.rise.low_value": "float: lowest loss before the rise",
+        "metrics.partial.rise.first_value": "float: first loss of the series",
+        "metrics.partial.rise.last_value": "float: last loss of the series",
+        "metrics.partial.rise.ratio": "float: last_value / low_value",
+        "metrics.partial.rise.points": "int: loss points in the series",
+        "metrics.partial.rise.series": "string: series it was found in",
+        "metrics.partial.rise.detail": "string: one readable line",
+        "metrics.partial.grad_growth": "map: in a grad-norm series too short for the explosion detector, a norm rising on "
+                                       "each of its last points to >= 10x the lowest before it (and NaN/Inf after, or "
+                                       ">= 100x, or >= 1e4): from_step, from_value, to_step, to_value, ratio, points, "
+                                       "then_nonfinite, nonfinite_step, series, detail",
+        "metrics.partial.grad_growth.from_step": "int: step of the lowest norm before the growth",
+        "metrics.partial.grad_growth.from_value": "float: that norm",
+        "metrics.partial.grad_growth.to_step": "int: step of the last finite norm",
+        "metrics.partial.grad_growth.to_value": "float: that norm",
+        "metrics.partial.grad_growth.ratio": "float: to_value / the lowest norm before it",
+        "metrics.partial.grad_growth.points": "int: grad-norm points in the series",
+        "metrics.partial.grad_growth.then_nonfinite": "bool: the norm turned NaN/Inf after the growth",
+        "metrics.partial.grad_growth.nonfinite_step": "int: step of the first NaN/Inf norm, -1 when none",
+        "metrics.partial.grad_growth.series": "string: series it was found in",
+        "metrics.partial.grad_growth.detail": "string: one readable line",
         "metrics.by_rank": "map<string,map>: per rank: first_nan_step, n_spikes, diverged, loss_last",
         "metrics.by_rank[].first_nan_step": "int: first non-finite loss step of the rank's series, -1 when none",
         "metrics.by_rank[].n_spikes": "int: loss spikes in it",

@@ -12,7 +12,11 @@ read, and the rules that read it (STAB009, STAB010, PERF014) say what a longer s
 - ``jump``: in a series too short for the spike detector, a point at least ``JUMP_RATIO`` times
   the highest loss before it;
 - ``slowdown``: a stated before/after change of step time or throughput (the reader's
-  ``change`` kind), and the data-loading time stated with it when there is one.
+  ``change`` kind), and the data-loading time stated with it when there is one;
+- ``rise``: in a loss series too short for the divergence detector, the loss ends well above the
+  lowest value it reached and above where the paste began, with no NaN (STAB011);
+- ``grad_growth``: in a grad-norm series too short for the explosion detector, the norm grows by
+  an order of magnitude or more point after point, possibly into NaN/Inf (STAB012).
 """
 
 from __future__ import annotations
@@ -33,6 +37,18 @@ JUMP_RATIO = 2.0
 #: A stated change of step time or throughput smaller than this is within run-to-run noise
 #: (proposal: 25%, above the few percent that clocks, thermals and data order cause).
 SLOW_FACTOR = 1.25
+#: A loss whose last two logged values are at least this many times the lowest value reached
+#: before them, and above the first value of the paste, rose and stayed up: per-step noise of a
+#: healthy loss stays within it over a few points once it has started to fall (proposal, kept
+#: below the 2x of a jump so that a slow climb counts too).
+RISE_RATIO = 1.5
+#: A gradient norm that ends this many times above the lowest value before it, rising on each of
+#: the last logged points, grew by an order of magnitude (Megatron's SPIKY_LOSS_FACTOR is 10).
+GROWTH_RATIO = 10.0
+#: ... and is only called an explosion when it also turned NaN/Inf, grew 100x, or reached a norm
+#: far above any clipping threshold in use (clip values are 0.5-5 in practice).
+GROWTH_STRONG = 100.0
+GROWTH_ABS = 1e4
 
 
 def take_fragments(results: list[Result]) -> list[tuple[dict[str, Any], Result]]:
@@ -62,7 +78,98 @@ def partial(series: list[Series], results: list[Result], frags: list[tuple[dict[
     slow = _slowdown(series)
     if slow:
         out["slowdown"] = slow
+    rise = _rise(by_name, results, params)
+    if rise:
+        out["rise"] = rise
+    growth = _grad_growth(by_name, results, params)
+    if growth:
+        out["grad_growth"] = growth
     return out
+
+
+def _at(r: Result, step: int) -> str:
+    return f"log entry {step}" if r.get("step_from") in ("line_order", "row") else f"step {step}"
+
+
+def _rise(by_name: dict[str, Series], results: list[Result], params: Params) -> dict[str, Any] | None:
+    """A loss that fell, then climbed and stayed up, in a series too short for STAB004.
+
+    Why: a ticket often pastes five or ten lines; the trend detector needs two windows. Without a
+    NaN, "it went down, then up, and it is still up" is what divergence looks like in a few
+    points; a single high point (a jump) is left to ``_jump``.
+    """
+    best: dict[str, Any] | None = None
+    for r in results:
+        lo = r.get("loss") or {}
+        s = by_name.get(r["name"])
+        if s is None or lo.get("first_nan") or (lo.get("divergence") or {}).get("detected"):
+            continue
+        steps, x = observed(s, "loss")
+        n = len(x)
+        if n < 4 or n >= 2 * params.min_window or not np.isfinite(x).all() or (x <= 0).any():
+            continue
+        if (np.diff(steps) <= 0).any():  # the step went back: a restart begins a new run, not a rise
+            continue
+        i = int(np.argmin(x[:-2]))
+        low = float(x[i])
+        tail = x[-2:]
+        if not (tail >= RISE_RATIO * low).all() or x[-1] <= x[0] or x[-1] < x[-2] * 0.9:
+            continue
+        ratio = float(x[-1] / low)
+        cand = {"low_step": int(steps[i]), "low_value": float(f"{low:.6g}"), "last_value": float(f"{x[-1]:.6g}"),
+                "first_value": float(f"{x[0]:.6g}"), "ratio": float(f"{ratio:.4g}"), "points": n,
+                "series": r["name"],
+                "detail": (f"loss fell to {_fmt(low)} at {_at(r, int(steps[i]))}, then rose to {_fmt(float(x[-1]))} "
+                           f"({_fmt(ratio)}x) and stayed up, above the first value logged ({_fmt(float(x[0]))}), "
+                           f"with no NaN, in {r['name']}; only {n} points, fewer than the "
+                           f"{2 * params.min_window} the divergence detector needs")}
+        if best is None or cand["ratio"] > best["ratio"]:
+            best = cand
+    return best
+
+
+def _grad_growth(by_name: dict[str, Series], results: list[Result], params: Params) -> dict[str, Any] | None:
+    """A grad norm that grows point after point by an order of magnitude in a short series.
+
+    Why: STAB007 needs two windows of grad norms; a pasted handful of HF Trainer dicts or log
+    lines whose norm climbs 10x, 100x, then turns Inf/NaN shows the explosion just as well, and
+    its first step comes before the loss's NaN.
+    """
+    best: dict[str, Any] | None = None
+    for r in results:
+        s = by_name.get(r["name"])
+        if s is None:
+            continue
+        steps, g = observed(s, "grad_norm")
+        n = len(g)
+        if n < 3 or n >= 2 * params.min_window or (np.diff(steps) <= 0).any():  # a restart: not one run
+            continue
+        fin = np.isfinite(g)
+        bad = np.flatnonzero(~fin)
+        cut = int(bad[0]) if len(bad) else n
+        pre = g[:cut]
+        if len(pre) < 3 or (pre <= 0).any():
+            continue
+        low_pos = np.minimum.accumulate(pre)
+        ratio = float(pre[-1] / low_pos[-2])
+        rising = bool((np.diff(pre[-3:]) > 0).all())
+        then_nonfinite = cut < n
+        if ratio < GROWTH_RATIO or not rising:
+            continue
+        if not (then_nonfinite or ratio >= GROWTH_STRONG or pre[-1] >= GROWTH_ABS):
+            continue
+        i = int(np.argmin(pre[:-1]))
+        cand = {"from_step": int(steps[i]), "from_value": float(f"{pre[i]:.6g}"), "to_step": int(steps[cut - 1]),
+                "to_value": float(f"{pre[-1]:.6g}"), "ratio": float(f"{ratio:.4g}"), "points": n,
+                "then_nonfinite": then_nonfinite, "nonfinite_step": int(steps[cut]) if then_nonfinite else -1,
+                "series": r["name"]}
+        then = f", then NaN/Inf at {_at(r, int(steps[cut]))}" if then_nonfinite else ""
+        cand["detail"] = (f"grad norm grew from {_fmt(float(pre[i]))} at {_at(r, int(steps[i]))} to "
+                          f"{_fmt(float(pre[-1]))} at {_at(r, int(steps[cut - 1]))} ({_fmt(ratio)}x), rising on each "
+                          f"of the last points{then}, in {r['name']}; only {n} points logged")
+        if best is None or cand["ratio"] > best["ratio"]:
+            best = cand
+    return best
 
 
 def _nan(frags: list[tuple[dict[str, Any], Result]], results: list[Result]) -> dict[str, Any]:

@@ -291,10 +291,23 @@ def role_of(frames: list[Frame] | tuple[Frame, ...]) -> str:
     return "rank"
 
 
+#: Native frames of an OpenMP runtime waiting at a team barrier or for its pool (libgomp,
+#: LLVM/Intel libomp). A forked DataLoader worker that enters a parallel region the parent had
+#: already started waits there for pool threads that do not exist in the child; py-spy marks the
+#: spinning thread active, yet it never progresses. source: GCC bug 52303 (libgomp is not
+#: fork-safe), https://pytorch.org/docs/stable/data.html#multi-process-data-loading
+_OMP_WAIT = re.compile(r"^(?:gomp_(?:team_)?barrier_wait\w*|gomp_sem_wait|gomp_mutex_lock_slow|do_spin|do_wait|"
+                       r"__kmp_(?:suspend\w*|wait_\w+|hyper_barrier_\w+|fork_barrier|join_barrier|"
+                       r"barrier\w*|acquire_ticket_lock|execute_tasks\w*))$")
+
+
 def worker_activity(frames: list[Frame] | tuple[Frame, ...], active: bool | None) -> str:
     """A DataLoader worker: ``waiting`` for indices or to hand over a batch (its loop's queue),
     ``busy`` running dataset code, or ``blocked`` idle inside dataset/user code (a lock inherited
-    through fork, I/O, a dead peer) -- the deadlock signature."""
+    through fork, I/O, a dead peer) -- the deadlock signature. A worker whose native frames wait
+    in an OpenMP barrier or pool lock counts as blocked even when py-spy saw it spin (active):
+    the pool it waits for was not carried across fork."""
+    omp = any(fr[3] and _OMP_WAIT.match(str(fr[0])) for fr in frames)
     for fr in frames:
         if fr[3]:
             continue
@@ -304,7 +317,7 @@ def worker_activity(frames: list[Frame] | tuple[Frame, ...], active: bool | None
             # stdlib/multiprocessing internals above the loop: a queue get/put
             continue
         break
-    return "busy" if active else "blocked"
+    return "busy" if active and not omp else "blocked"
 
 
 def pattern_docs() -> list[dict[str, str]]:

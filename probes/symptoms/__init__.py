@@ -27,7 +27,7 @@ FIXES = ("nccl_p2p_disable | nccl_ib_disable | nccl_shm_disable | num_workers_0 
          "bigger_shm | longer_timeout | smaller_batch | nccl_socket_ifname")
 
 CONTEXT = ("fp16 | amp | bf16 | compile | high_lr | low_gpu_util | multi_gpu | dataloader | scaling | "
-           "crash_segfault | crash_killed | crash_nccl | crash_cuda")
+           "crash_segfault | crash_killed | crash_nccl | crash_cuda | shared_storage")
 
 TOPICS = "cause ids of doctor/engine/taxonomy.yaml, from probes/symptoms/patterns/topics.yaml"
 

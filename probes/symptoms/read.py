@@ -139,10 +139,15 @@ def _guessed(sentence: str, start: int) -> bool:
     return bool(_STATE_GUESS.search(before[cut[-1]:] if cut else before))
 
 
+#: A sentence end the splitter kept inside one sentence ("... was killed when I test. do you know
+#: why?": a lowercase start does not open a new sentence for it); a question asks from there on.
+_INNER_END = re.compile(r"[.!](?=\s+\S)")
+
+
 def _last_clause(sentence: str) -> int:
     """Where the clause a question mark closes begins (0: the whole sentence)."""
-    cut = [b.end() for b in _CLAUSE_BREAK.finditer(sentence)]
-    return cut[-1] if cut else 0
+    cut = [b.end() for b in _CLAUSE_BREAK.finditer(sentence)] + [b.end() for b in _INNER_END.finditer(sentence)]
+    return max(cut) if cut else 0
 
 
 def value_of(p: Pattern) -> str:

@@ -41,8 +41,11 @@ import statistics
 from pathlib import Path
 from typing import Any, ClassVar
 
+from doctor.probes import host_tools_report
+
 from doctor.evidence.contract import Hints, Parsed, Probe, Sample, read_whole
 from doctor.evidence.errors import EvidenceError
+from doctor.evidence.sections import Section, SectionContext
 
 _LOAD = re.compile(r"load averages?:\s*([\d.]+),?\s+([\d.]+),?\s+([\d.]+)", re.I)
 _TOP_CPU = re.compile(r"^%?Cpu\(s\):\s*(.*)$", re.M)
@@ -219,6 +222,9 @@ class HostToolsProbe(Probe):
         out["runnable_per_core"] = round(out.get("runnable", 0.0) / cores, 2) if cores else 0.0
         out["running_per_core"] = round(float(out.get("running", 0)) / cores, 2) if cores else 0.0
         facts[self.name] = out
+
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        return host_tools_report.sections(facts)
 
 
 def _top(text: str, data: dict[str, Any]) -> None:

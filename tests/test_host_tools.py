@@ -75,3 +75,16 @@ def test_sysstat_reports_skip_the_since_boot_one() -> None:
     # iostat's first report (since boot) has 0.31 % iowait and 49 % idle; the interval report 0 and 0
     io = _facts(local / "plain" / "iostat.txt")["host_tools"]
     assert io["iowait_pct"] == 0.0 and io["cpu"]["idle"] == 0.0
+
+
+def test_report_section_digests_the_readings_and_marks_what_is_past_the_rules_lines() -> None:
+    """The report shows the numbers the host rules compare, marking a value past their line."""
+    from doctor.engine.diagnose import diagnose_path
+    from doctor.render import view
+
+    over = view.section(diagnose_path(H200 / "oversubscribed"), "host-tools")
+    items = dict(over.body.items)
+    assert items["cores"] == "16"
+    assert items["load average (1 / 15 min)"].endswith("per core (high)")
+    idle = view.section(diagnose_path(H200 / "idle"), "host-tools")
+    assert "(high)" not in " ".join(v for _, v in idle.body.items)

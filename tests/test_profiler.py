@@ -126,3 +126,15 @@ def test_lightning_simple_profiler_report_gives_the_batch_wait_share() -> None:
     healthy = _facts(FIX / "h200" / "lightning-healthy.txt")
     assert 0.1 < healthy["shares"]["dataloader_raw"] < 0.2 and healthy["shares"]["dataloader"] == 0.0
     assert starved["top"][0]["name"] == "[_TrainingEpochLoop].train_dataloader_next"
+
+
+def test_report_sections_show_the_shares_the_rules_read_and_the_top_ops() -> None:
+    from doctor.engine.diagnose import diagnose_path
+    from doctor.render import view
+
+    rep = diagnose_path(Path(__file__).resolve().parent / "fixtures" / "profiler" / "cpu" / "cpu-item_sync.txt")
+    items = dict(view.section(rep, "profiler").body.items)
+    assert items["device"] == "CPU only"
+    assert "blocking host reads (item, synchronize)" in items
+    top = view.section(rep, "profiler-top").body.rows
+    assert top and all(r.cells[1].text.endswith("%") for r in top)

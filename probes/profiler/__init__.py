@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 
 from doctor.evidence.contract import Hints, Parsed, Probe, Sample, read_whole
 from doctor.evidence.errors import EvidenceError
+from doctor.evidence.sections import Section, SectionContext
 
+from . import report
 from .lightning import is_report, parse_report
 from .table import header_line, parse_tables
 
@@ -152,6 +154,9 @@ class ProfilerProbe(Probe):
             "by_table": [{"rel": t["rel"], "steps": t["steps"], "shares": t["shares"], "gpu_busy": t["gpu_busy"]}
                          for t in per],
         }
+
+    def report_sections(self, facts: dict[str, Any], context: SectionContext) -> list[Section]:
+        return report.sections(facts)
 
 
 def _has_markers(t: str, end: int) -> bool:

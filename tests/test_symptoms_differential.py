@@ -100,7 +100,7 @@ COMBINATIONS = [
     ("## Epochs\n\nThe job hangs after 3 epochs.\n", ["collective_mismatch", "dataloader_worker_deadlock", "rank_outside_collective"]),
     ("## Workers\n\nWith num_workers=8 the job hangs after a while.\n", ["dataloader_worker_deadlock"]),
     ("## Segfault\n\nThe job crashes with a segmentation fault.\n",
-     ["dataloader_worker_deadlock", "cuda_setup_mismatch", "shm_too_small"]),
+     ["cuda_setup_mismatch", "dataloader_worker_deadlock", "shm_too_small"]),
     ("## NCCL\n\nTraining fails with an NCCL error (unhandled system error) on our 8-GPU server.\n",
      ["shm_too_small", "duplicate_gpu", "nccl_network_misconfig"]),
     ("## CUDA\n\nTraining fails with a CUDA error. We did not keep the log.\n", ["cuda_kernel_fault", "cuda_setup_mismatch"]),

@@ -54,6 +54,10 @@ __all__ = ["PROBE", "DumpError", "ProcDump", "StacksProbe", "ThreadSum", "analyz
 _SNAP = re.compile(r"snap(?:shot)?[-_]?(\d{1,4})(?!\d)", re.I)
 #: a line that is a bare ``KeyboardInterrupt`` (after a launcher prefix): the end of a Ctrl-C traceback
 _KBI_LINE = re.compile(r"(?m)^(?:\[[^\]\n]{1,40}\]:\s?){0,3}\s*KeyboardInterrupt\s*$")
+#: a traceback frame line, also behind launcher/excepthook prefixes (``[rank3]:   File "...", line
+#: N, in f``: torch 2.2+ prints uncaught tracebacks of torchrun workers that way), so a Ctrl-C
+#: traceback pasted from such a log is sniffed like a bare one
+_TB_FRAME_PREFIXED = re.compile(r'(?m)^(?:\[[^\]\n]{1,40}\]:\s?){0,3}[ \t]*File:? "[^"\n]+", line \d+, in \S')
 #: ``pyspy-worker0-of-rank3.txt``, ``pyspy-worker4242-of-rank3-snap0.json``: a rank's child process
 _WORKER_NAME = re.compile(r"worker\d*[-_]of[-_]", re.I)
 
@@ -206,7 +210,7 @@ class StacksProbe(Probe):
             return False
         text = sample.text
         return is_server_stacks(text) or ("KeyboardInterrupt" in text and bool(_KBI_LINE.search(text))
-                                          and bool(SNIFF_TB.search(text)) and has_interrupted(text))
+                                          and bool(_TB_FRAME_PREFIXED.search(text)) and has_interrupted(text))
 
     def sniff(self, sample: Sample) -> bool:
         text = sample.text

@@ -115,7 +115,9 @@ _NATIVE_OPS: list[tuple[re.Pattern[str], str]] = [(p.regex, str(p.fields["op"]))
 # "{native}" = from the native symbol), tier (1 specific, 3 generic), func / file (regexes searched
 # in the frame's function name / file), native (True: only native frames, False: only Python
 # frames, absent: both), yields (states of an outer tier-1 match that win over this one), why.
-PATTERNS: list[dict[str, Any]] = _table("frame_states")
+# The framework wrappers (collective_wrappers.yaml) come first: each is scoped to its library's
+# files, so it only decides frames no torch entry would, and must beat the generic tier-3 waits.
+PATTERNS: list[dict[str, Any]] = _table("collective_wrappers") + _table("frame_states")
 
 # Libraries and the standard library: the first frame outside them is the user's call site.
 KNOWN_LIBS = frozenset({
@@ -128,10 +130,23 @@ KNOWN_LIBS = frozenset({
 })
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"<frozen", "<string>"}
 _LIB_PATH = re.compile(r"/(site|dist)-packages/|/lib/python\d\.\d+/|^<")
+#: a Windows interpreter's library prefix (``C:\\...\\Lib\\site-packages\\``), once slashes are turned
+_WIN_PREFIX = re.compile(r"^(?:[A-Za-z]:)?/.*/(?:site-packages|dist-packages)/|^[A-Za-z]:/.*?/Lib/", re.I)
+
+
+def norm_file(file: str) -> str:
+    """A frame's file with Windows separators turned into ``/`` and the interpreter's library
+    prefix cut, so ``C:\\env\\Lib\\site-packages\\torch\\distributed\\distributed_c10d.py`` reads as
+    ``torch/distributed/distributed_c10d.py`` like py-spy's short paths (tracebacks pasted from
+    Windows jobs would otherwise match no library entry)."""
+    if "\\" not in file:
+        return file
+    return _WIN_PREFIX.sub("", file.replace("\\", "/"), count=1)
 
 
 def is_library(file: str) -> bool:
     """True for frames of installed libraries and the standard library (not the user's code)."""
+    file = norm_file(file)
     if _LIB_PATH.search(file):
         return True
     head = file.split("/", 1)[0]
@@ -201,6 +216,7 @@ def _op_for(pat: _Compiled, name: str) -> str:
 def match_frame(name: str, file: str, native: bool) -> tuple[str, str, int, frozenset[str]] | None:
     """(state, op, tier, yields) of the first pattern matching this frame, or None (cached:
     the same frames recur across ranks, so a 16k-rank job costs one regex pass per distinct frame)."""
+    file = norm_file(file)
     for pat in _COMPILED:
         if pat.native is not None and pat.native != native:
             continue

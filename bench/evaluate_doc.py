@@ -184,8 +184,14 @@ def _render_sealed(ss: dict[str, Any]) -> list[str]:
           f"| top-1 on cases kept as the whole ticket | {_pct(ss['tickets_top1'])} |",
           f"| false alarms on healthy cases | {_pct(ss['false_alarms'])} |", "",
           "| batch | cases | first sight top-1 | first sight top-3 | first sight right |", "| --- | --- | --- | --- | --- |"]
-    for name, b in sorted(ss.get("batches_first_sight", {}).items()):
+    batches = ss.get("batches_first_sight", {})
+    for name, b in sorted(batches.items(), key=lambda kv: (len(kv[0]), kv[0])):  # b2 before b10
         L.append(f"| {name} | {b['n']} | {_pct(b['top1'])} | {_pct(b['top3'])} | {_pct(b['right'])} |")
+    if batches:
+        tot = {k: [sum(b[k][0] for b in batches.values()), sum(b[k][1] for b in batches.values())]
+               for k in ("top1", "top3", "right")}
+        L.append(f"| all batches | {sum(b['n'] for b in batches.values())} | {_pct(tot['top1'])} | "
+                 f"{_pct(tot['top3'])} | {_pct(tot['right'])} |")
     shapes = ss.get("miss_shapes")
     if shapes:
         L += ["", "What today's wrong answers look like (counts over the split): "

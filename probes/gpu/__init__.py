@@ -514,8 +514,6 @@ def _fill_missing(cur: dict[str, Any], new: dict[str, Any]) -> None:
             cur[k] = v
 
 
-PROBE = GpuProbe()
-
 
 def _crowded(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """GPUs where one program runs two or more compute processes while a GPU of the same host
@@ -546,3 +544,6 @@ def _crowded(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                 "why": [f"{len(pids)} {name or 'compute'} processes on {d['label']} "
                                         f"while {', '.join(idle)} run none"]})
     return out
+
+
+PROBE = GpuProbe()

@@ -236,10 +236,9 @@ class EnvProbe(Probe):
 
     def parse(self, path: Path, rel: str, hints: Hints) -> Parsed:
         raw = path.read_bytes()
-        if b"PyTorch version: " in raw[:8192] and is_collect_env(raw[:8192].decode("utf-8", "replace")):
-            report = parse_collect_env(raw.decode("utf-8", "replace"))
-            return Parsed(self.name, rel, {"vars": {}, "dropped": 0, "collect_env": report}, hints.rank, hints.host)
-        if (b"[pip" in raw[:8192] or b"[conda]" in raw[:8192]) and is_package_list(raw[:8192].decode("utf-8", "replace")):
+        head = raw[:8192].decode("utf-8", "replace")
+        if (b"PyTorch version: " in raw[:8192] and is_collect_env(head)) or \
+                ((b"[pip" in raw[:8192] or b"[conda]" in raw[:8192]) and is_package_list(head)):
             report = parse_collect_env(raw.decode("utf-8", "replace"))
             return Parsed(self.name, rel, {"vars": {}, "dropped": 0, "collect_env": report}, hints.rank, hints.host)
         if b"\x00" in raw[:4096]:

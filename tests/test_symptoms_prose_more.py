@@ -16,7 +16,8 @@ def _states(text: str) -> list[str]:
     return [p.value for p in read.phrases(text) if p.fact == "states" and p.asserted]
 
 
-@pytest.mark.parametrize("text,state", [
+#: sentences quoted from public issues (source above each)
+QUOTED_STATES = [
     # https://github.com/pyg-team/pytorch_geometric/issues/7116
     ("DataParallel with Multi GPUs doesn't speed up with large graph data.", "slow"),
     # https://github.com/w86763777/pytorch-ddpm/issues/24
@@ -57,9 +58,7 @@ def _states(text: str) -> list[str]:
     ("Gradient exploding when training deep models with FP16.", "diverge"),
     # https://github.com/EleutherAI/gpt-neox/issues/947
     ("When llama uses bf16 training, there is an abnormal loss.", "diverge"),
-])
-def test_roundabout_wording_gives_the_state(text: str, state: str) -> None:
-    assert _states(text)[:1] == [state], (text, _states(text))
+]
 
 
 @pytest.mark.parametrize("text", [
@@ -113,7 +112,8 @@ def test_when_and_where_in_other_words(text: str, fact: str, value: str) -> None
     assert "one_rank" not in [p.value for p in read.phrases(text) if p.fact == "where"]
 
 
-@pytest.mark.parametrize("text,state", [
+#: short wordings of the same states
+SHORT_STATES = [
     ("The speed doesn't scale with more GPUs.", "slow"),
     ("Training on 4 GPUs takes as long as on 1 GPU.", "slow"),
     ("The GPU is idle most of the time.", "slow"),
@@ -130,8 +130,11 @@ def test_when_and_where_in_other_words(text: str, fact: str, value: str) -> None
     ("The progress bar doesn't move.", "hang"),
     ("The process never exits.", "hang"),
     ("It waits at dist.barrier() forever.", "hang"),
-])
-def test_short_wordings_give_the_state(text: str, state: str) -> None:
+]
+
+
+@pytest.mark.parametrize("text,state", QUOTED_STATES + SHORT_STATES)
+def test_roundabout_wording_gives_the_state(text: str, state: str) -> None:
     assert _states(text)[:1] == [state], (text, _states(text))
 
 

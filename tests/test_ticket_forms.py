@@ -72,13 +72,15 @@ FORMS: dict[str, Callable[[str], str]] = {
                           f">\n>> {PROSE}\n>>\n{_each(log, lambda ln: '>> ' + ln)}>\n> Thanks, Bob\n\n-- \nAlice\n"),
     "email_quoted": lambda log: f"Any news on this?\n\n> {PROSE}\n>\n{_each(log, lambda ln: '> ' + ln)}",
     # chat clients: a prefix on every line of the log
-    "slack": lambda log: ("[10:41 AM] alice: hi all, our training job is stuck and then it dies\n"
+    # chat pastes say what PROSE says (a 2-node job that dies): a sentence that adds a state of its own
+    # ("stuck") would change the answer on purpose and hide a difference in the reading
+    "slack": lambda log: ("[10:41 AM] alice: hi all, our 2-node training job dies after the evaluation phase\n"
                           + _each(log, lambda ln: "[10:42 AM] alice: " + ln)
                           + "[10:45 AM] bob: does it happen every time?\n[10:46 AM] alice: yes, every time after eval\n"),
-    "teams": lambda log: ("[3/5/2024 10:41 AM] Alice Smith: our training job is stuck and then it dies\n"
+    "teams": lambda log: ("[3/5/2024 10:41 AM] Alice Smith: our 2-node training job dies after the evaluation phase\n"
                           + _each(log, lambda ln: "[3/5/2024 10:42 AM] Alice Smith: " + ln)
                           + "[3/5/2024 10:45 AM] Bob Jones: does it happen every time?\n"),
-    "irc": lambda log: ("<alice> our training job is stuck and then it dies, log below\n"
+    "irc": lambda log: ("<alice> our 2-node training job dies after the evaluation phase, log below\n"
                         + _each(log, lambda ln: "<alice> " + ln) + "<bob> does it happen every time?\n"),
     # a Markdown table of log lines
     "markdown_table": lambda log: f"{PROSE} Every line of the log:\n\n{_table(log)}\nAny idea?\n",

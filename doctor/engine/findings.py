@@ -2,7 +2,8 @@
 
 Ranking: score = severity weight x confidence x coverage, where coverage discounts a verdict
 about culprit ranks when the evidence speaks for only part of the job (0.5 + 0.5 x seen/world).
-Suppression: a rule naming a root cause hides the symptom causes it lists in ``suppresses``;
+Suppression: a rule naming a root cause hides the symptom causes it lists in ``suppresses`` (when
+two fired rules list each other's cause, the higher score hides the lower);
 the hidden findings stay in the trace so the reasoning is visible.
 """
 
@@ -65,17 +66,23 @@ def rank_findings(results: list[RuleResult], facts: dict[str, Any]) -> tuple[lis
     """Findings most likely first, one per cause, and trace lines for what was suppressed."""
     # First set aside what the observation contradicts: a set-aside rule must not hide others.
     fired, trace = set_aside([r for r in results if r.status == "fired"], facts)
-    suppressed_by: dict[str, str] = {}
+    scores = {id(r): SEVERITY_WEIGHT[r.rule.severity] * r.rule.confidence * _coverage(r, facts) for r in fired}
+    suppressors: dict[str, list[RuleResult]] = {}
     for r in fired:
         for cause in r.rule.suppresses:
             if cause != r.rule.cause:
-                suppressed_by.setdefault(cause, r.rule.id)
+                suppressors.setdefault(cause, []).append(r)
     by_cause: dict[str, Finding] = {}
     for r in fired:
-        if r.rule.cause in suppressed_by:
-            trace.append(f"{r.rule.id} ({r.rule.cause}) suppressed by {suppressed_by[r.rule.cause]}")
+        # Two rules that each name the other's cause as a consequence of their own disagree on
+        # which is the root (a rank's OOM and the hang it left behind): the higher score stays
+        # and hides the other, instead of both hiding each other.
+        hiders = [s for s in suppressors.get(r.rule.cause, [])
+                  if not (s.rule.cause in r.rule.suppresses and scores[id(r)] > scores[id(s)])]
+        if hiders:
+            trace.append(f"{r.rule.id} ({r.rule.cause}) suppressed by {hiders[0].rule.id}")
             continue
-        score = SEVERITY_WEIGHT[r.rule.severity] * r.rule.confidence * _coverage(r, facts)
+        score = scores[id(r)]
         pb = playbooks.get(r.rule.cause) or {}
         f = Finding(
             cause=r.rule.cause, rule=r.rule.id, rule_name=r.rule.name,

@@ -147,6 +147,8 @@ _PROSE_WORDS = re.compile(
     r"than|so|more|other|they|them|their|there|then|because|since|until|while|before|"
     r"also|only|even|still|very|too|which|what|why|how|could|would|should|can|will|been)\b", re.I)
 
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]")
+
 MAX_BLOCKS = 500
 
 #: An exception quoted inside a sentence ("When I start I get RuntimeError: Expected all tensors
@@ -234,6 +236,11 @@ def _is_prose(line: str) -> bool:
         return False
     tokens = s.split()
     words = _PROSE_WORDS.findall(s)
+    # Chinese/Japanese prose has no spaces and none of the English words: a line with several
+    # ideographs and little code punctuation is a sentence ("单机多卡训练时卡住，不报错也不继续训练").
+    cjk = len(_CJK.findall(s))
+    if cjk >= 6 and cjk >= 0.3 * len(s.replace(" ", "")):
+        return sum(s.count(c) for c in "/\\;()[]{}<>=|#$") <= 0.06 * len(s) + 1
     if len(words) < 2 or len(words) < 0.2 * len(tokens) or max(len(t) for t in tokens) > 40:
         return False
     code = sum(s.count(c) for c in "/\\;()[]{}<>=|#$")

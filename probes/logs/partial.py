@@ -217,6 +217,24 @@ def verdicts(events: list[dict[str, Any]]) -> dict[str, list[int]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def _pg_from_progress(waits: list[dict[str, Any]], progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Waits whose watchdog line names no process group, given the group that the same rank's own
+    queue report for the same work names. Why: torch 2.3-2.5 print the timeout line as
+    "[Rank N] Watchdog caught ..." with no group, but the line after it ("[PG ID 0 PG GUID
+    0(default_pg) Rank N] Exception ... detected by watchdog at work: S") does; without the group,
+    different sequence numbers of two ranks could belong to two groups and say nothing.
+    source: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (watchdogHandler, logPrefix)"""
+    named = {(p.get("rank"), p.get("host") or "", p.get("seq")): p["pg"] for p in progress
+             if p.get("own") and p.get("pg") and isinstance(p.get("seq"), int)}
+    if not named:
+        return waits
+    out = []
+    for w in waits:
+        pg = "" if w.get("pg") else named.get((w.get("rank"), w.get("host") or "", w.get("seq")), "")
+        out.append({**w, "pg": pg} if pg else w)
+    return out
+
+
 def partial_facts(scans: list[dict[str, Any]], waits: list[dict[str, Any]], world: int,
                   own_failures: set[int], exited: set[int],
                   events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -225,7 +243,7 @@ def partial_facts(scans: list[dict[str, Any]], waits: list[dict[str, Any]], worl
     progress = [p for sc in scans for p in sc.get("progress", [])]
     silent = silent_ranks(waits, seen, world, own_failures, exited)
     return {
-        "wait_groups": wait_groups(waits),
+        "wait_groups": wait_groups(_pg_from_progress(waits, progress)),
         "quiet_ranks": silent["quiet"],
         "unseen_ranks": silent["unseen"],
         "progress_groups": progress_groups(progress),

@@ -367,7 +367,12 @@ def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
     if scan._fb.section or body.startswith(_FB_STARTS):
         _block_step(scan, body, lineno)
     # a step line nobody waits for: _hit would drop it, so its keywords are not looked up
-    cands = lib.candidates(body, scan._progress_full and not scan._survival.counts(prefix_rank))
+    quiet = scan._progress_full and not scan._survival.counts(prefix_rank)
+    cands = lib.candidates(body, quiet)
+    if quiet and cands and any(s.role != "context" and s.kind not in (PROGRESS_KIND, RECOVERED_KIND) for s in cands):
+        # an error on this line starts the wait for progress before the line's own step is
+        # looked at (library order, as in _line_reference), so its step keywords count here
+        cands = lib.candidates(body)
     if cands and len(cands) == 1 and cands[0].kind == PROGRESS_KIND and not _progress_wanted(scan, cands[0], prefix_rank):
         cands = []  # the same, for a keyword other needles share ("step"): the regex need not run
     hits, failed = _matches(lib, cands, body) if cands else _NONE

@@ -26,12 +26,16 @@ from doctor.evidence.patterns import MAX_TEXT, Pattern, load_library
 #: which the differential rules (SYM054+) combine with the state.
 FACTS = ("states", "when", "where", "changed", "fixes", "outcome", "topics", "healthy", "context")
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\[])|\n\s*\n|(?<=[.!?])\s*\n")
+#: Chinese and Japanese end a sentence with a full-width mark and no space after it.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\[])|\n\s*\n|(?<=[.!?])\s*\n|(?<=[。！？])\s*")
 #: A negation in the few words before a phrase, in the same clause.
 _NEGATION = re.compile(
     r"\b(?:not|never|no longer|isn'?t|doesn'?t|don'?t|didn'?t|wasn'?t|aren'?t|won'?t|can'?t|cannot|"
     r"no|nor|neither|without any)\s+(?:\w+[\s,]+){0,2}$", re.I)
-_CLAUSE_BREAK = re.compile(r"[,;:]|\bbut\b|\bhowever\b|\band\b|\bwhile\b", re.I)
+_CLAUSE_BREAK = re.compile(r"[,;:，；：]|\bbut\b|\bhowever\b|\band\b|\bwhile\b|但是|不过|然而", re.I)
+#: A Chinese negation written straight before the phrase, with no space ("不报错", "没有任何报错",
+#: "也没报错"): the word-based ``_NEGATION`` cannot see it, as Chinese has no spaces between words.
+_CJK_NEGATION = re.compile(r"(?:不|没有?|未|无|并非|从未|从没)(?:任何|再|出现|发生|会|有|什么)?$")
 #: A guess rather than a report ("maybe it is shm", "I suspect the network"): a cause hint
 #: (``topics``) in such a clause is kept but not asserted, since people name suspects freely.
 _HEDGE = re.compile(
@@ -67,6 +71,23 @@ _YES_NO = re.compile(
     r"isn'?t|aren'?t|doesn'?t|don'?t)\b", re.I)
 #: Sentences and characters read per document: a ticket says what matters early, and a 1 MB
 #: essay (or garbage with no sentence end) would otherwise cost seconds for nothing new.
+#: The placeholder text of issue templates, left in by many reporters ("A clear and concise
+#: description of what the bug is", "Reproduce this error with a file ..."): it describes no job,
+#: so its words add nothing ("this error" in it is no crash).
+_TEMPLATE = re.compile(
+    r"\ba clear and concise description of\b|\bsteps to reproduce the behaviou?r\b|\breproduce this (?:error|bug|issue) "
+    r"with\b|\bprovide a (?:full )?(?:log|screenshot)\b|\bif it is not possible, leave it blank\b|"
+    r"\bwhat you expected to happen\b|\bplease (?:describe|provide|paste|include|fill)\b|\bthe output of `?python collect_env|"
+    r"\bif you are submitting an issue for the first time\b|\bhave you searched\b|\bi have searched (?:the|related|existing)\b|"
+    r"\bplease use english\b|\bcopy-and-paste the text below\b", re.I)
+#: A heading (Markdown ``#`` or a bold line) of a section whose words are not the report: what the
+#: reporter expected ("Expected behavior" says how the job should have run). An environment
+#: section is not one: reporters often write what they saw there ("GPU util was 0%"), and its
+#: dumps are machine blocks the splitter already took out of the prose.
+_HEADING = re.compile(r"^\s*(?:#{1,6}\s+|\*\*)")
+_SIDE_SECTION = re.compile(
+    r"^\s*(?:#{1,6}\s+|\*\*)\W*(?:expected (?:behaviou?r|results?|outputs?)|desired behaviou?r|期望(?:行为|结果)?|"
+    r"预期(?:行为|结果)?)", re.I)
 MAX_SENTENCES = 2000
 MAX_PROSE_CHARS = 256 * 1024
 _STEPS = re.compile(r"\bafter (?:about |around |roughly |~)?(\d[\d,.]*)\s*(k)?\s*(?:steps|iterations|iters|batches)\b", re.I)
@@ -80,7 +101,7 @@ class Phrase:
     text: str
     line: int
     asserted: bool
-    why_not: str   # "" | negated | question | hedged
+    why_not: str   # "" | negated | question | hedged | expected (in a template's Expected behavior section)
     #: a state phrase in a clause that only supposes it ("it might hang"): asserted, but not firm
     guessed: bool = False
 
@@ -121,6 +142,8 @@ def sentences(text: str) -> list[tuple[int, str]]:
 
 def _negated(sentence: str, start: int) -> bool:
     before = sentence[max(0, start - 80):start]
+    if _CJK_NEGATION.search(before[-6:]):
+        return True
     cut = [b.end() for b in _CLAUSE_BREAK.finditer(before)]
     clause = before[cut[-1]:] if cut else before
     return bool(_NEGATION.search(clause))
@@ -159,8 +182,16 @@ def phrases(text: str) -> list[Phrase]:
     """Every pattern hit in the prose, each marked asserted or not (and why)."""
     lib = library()
     out: list[Phrase] = []
+    side = ""
     for line, s in sentences(text):
-        question = s.rstrip().endswith("?")
+        if _HEADING.match(s):  # a section starts: its heading decides how its sentences count
+            side = "expected" if _SIDE_SECTION.match(s) else ""
+        # a template's placeholder is blanked, not the sentence: reporters often write on after it
+        # ("Steps to reproduce the behavior: with 3 GPUs the training was slower")
+        s = _TEMPLATE.sub(lambda m: " " * len(m.group(0)), s)
+        if not s.strip():
+            continue
+        question = s.rstrip().endswith(("?", "？"))
         presupposed = question and bool(_PRESUPPOSING.search(s))
         asks_from = 0 if not question or _YES_NO.search(s) or _NORMALITY.search(s) else _last_clause(s)
         presupposed = presupposed and not _NORMALITY.search(s)
@@ -181,6 +212,8 @@ def phrases(text: str) -> list[Phrase]:
                     out.append(Phrase(p.id, "fixes", value, s, line, True, ""))
                 out.append(Phrase(p.id, "tried", value, s, line, not why, why))
                 continue
+            if not why and side and fact not in ("context", "changed"):
+                why = side  # what the reporter expected, not what happened
             if not why and _negated(s, m.start()):
                 why = "negated"
             if not why and fact == "topics" and _hedged(s, m.start()):

@@ -91,6 +91,8 @@ def interrupted(lines: list[str]) -> list[str]:
     chained = False
     for i, ln in enumerate(lines[:20000]):
         s = ln.strip()
+        if s.startswith("^C"):  # the terminal echoes the Ctrl-C on the traceback's first line
+            s = s[2:]
         if s.startswith("Traceback (most recent call last)"):
             # a traceback chained to an earlier exception is the handler's, not the wait's
             start, frames, chained = (-1 if chained else i), 0, False

@@ -70,7 +70,7 @@ class SymptomsProbe(Probe):
         "symptoms.phrases[].text": "string: the sentence (cut to 200 characters)",
         "symptoms.phrases[].where": "string: document and line ('issue.md prose, line 12')",
         "symptoms.phrases[].asserted": "bool: counted as the reporter's statement",
-        "symptoms.phrases[].why_not": "string: '' | negated | question | hedged (a guess: 'maybe', 'I suspect'; topics only)",
+        "symptoms.phrases[].why_not": "string: '' | negated | question | hedged (a guess: 'maybe', 'I suspect'; topics only) | expected (under a bug-report template's Expected behavior heading)",
         "symptoms.phrases[].guessed": "bool: a state said only as a possibility ('it might hang'); still asserted",
         "symptoms.sources": "list<string>: the documents the prose came from",
     }

@@ -89,6 +89,10 @@ def interrupted(lines: list[str]) -> list[str]:
     start = -1
     frames = 0
     chained = False
+    # a pasted fragment often starts at a frame, its "Traceback" header cut off: read it from there
+    first = next((i for i, ln in enumerate(lines[:200]) if ln.strip()), -1)
+    if first >= 0 and TB_FRAME.match(lines[first]):
+        start = first
     for i, ln in enumerate(lines[:20000]):
         s = ln.strip()
         if s.startswith("^C"):  # the terminal echoes the Ctrl-C on the traceback's first line

@@ -69,8 +69,6 @@ _NORMALITY = re.compile(
 _YES_NO = re.compile(
     r"^\W*(?:is|are|was|were|could|can|would|should|does|do|did|might|may|has|have|will|shall|any chance|"
     r"isn'?t|aren'?t|doesn'?t|don'?t)\b", re.I)
-#: Sentences and characters read per document: a ticket says what matters early, and a 1 MB
-#: essay (or garbage with no sentence end) would otherwise cost seconds for nothing new.
 #: The placeholder text of issue templates, left in by many reporters ("A clear and concise
 #: description of what the bug is", "Reproduce this error with a file ..."): it describes no job,
 #: so its words add nothing ("this error" in it is no crash).
@@ -88,6 +86,8 @@ _HEADING = re.compile(r"^\s*(?:#{1,6}\s+|\*\*)")
 _SIDE_SECTION = re.compile(
     r"^\s*(?:#{1,6}\s+|\*\*)\W*(?:expected (?:behaviou?r|results?|outputs?)|desired behaviou?r|期望(?:行为|结果)?|"
     r"预期(?:行为|结果)?)", re.I)
+#: Sentences and characters read per document: a ticket says what matters early, and a 1 MB
+#: essay (or garbage with no sentence end) would otherwise cost seconds for nothing new.
 MAX_SENTENCES = 2000
 MAX_PROSE_CHARS = 256 * 1024
 _STEPS = re.compile(r"\bafter (?:about |around |roughly |~)?(\d[\d,.]*)\s*(k)?\s*(?:steps|iterations|iters|batches)\b", re.I)

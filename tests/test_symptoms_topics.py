@@ -161,6 +161,11 @@ def test_machine_evidence_outranks_the_reporters_words(tmp_path: Path) -> None:
     ("The loss scale keeps dropping.", "states", "diverge", True),
     ("Saving takes 3 minutes per epoch, is that normal?", "states", "slow", False),
     ("Is this normal?", "healthy", "fine", True),
+    # a NaN loss is never normal: asking whether it is still reports it, and is no healthy sign
+    ("Is it normal to have NaN loss at the start?", "states", "diverge", True),
+    ("Is it normal to have NaN loss at the start?", "healthy", "fine", None),
+    ("Is it normal that the grad norm is inf with fp16?", "states", "diverge", True),
+    ("Is it normal that the first step takes 3 minutes?", "healthy", "fine", True),
     ("The code blocks below show the config.", "states", "hang", None),
     ("We set timeout=3600 in init_process_group.", "states", "hang", None),
     ("The run dies silently after the first pass.", "topics", "host_oom", True),

@@ -63,6 +63,10 @@ _NORMALITY = re.compile(
     r"a (?:problem|bug|concern|real (?:problem|issue))|an? (?:issue|error)|something to worry about)|"
     r"(?:can|could|should) (?:i|we) (?:safely )?ignore|should (?:i|we) (?:be )?worr\w*|do (?:i|we) need to worry|"
     r"are (?:these|those|they) (?:normal|expected|harmful|a problem))\b", re.I)
+#: What no training run does normally: asking whether a NaN or infinite loss is normal still
+#: reports one ("Is it normal to have NaN loss?"), unlike asking about a warning or a slow step.
+_NEVER_NORMAL = re.compile(r"\b(?:nan|inf|infinite|infinity)\b(?:\W+\w+){0,2}?\W+(?:loss|grad\w*)\b|"
+                           r"\b(?:loss|grad\w*)\b(?:\W+\w+){0,3}?\W+(?:nan|inf|infinite|infinity)\b", re.I)
 #: A yes/no question guesses from its first word on ("Is it OOM?", "Could the network be at
 #: fault?"); any other question only asks in its last clause ("Training crashes with an OOM
 #: after 3 epochs, any idea?" still reports the OOM).
@@ -192,14 +196,17 @@ def phrases(text: str) -> list[Phrase]:
         if not s.strip():
             continue
         question = s.rstrip().endswith(("?", "？"))
-        presupposed = question and bool(_PRESUPPOSING.search(s))
-        asks_from = 0 if not question or _YES_NO.search(s) or _NORMALITY.search(s) else _last_clause(s)
-        presupposed = presupposed and not _NORMALITY.search(s)
+        normality = question and bool(_NORMALITY.search(s))
+        # "is a NaN loss normal?" reports the NaN (and is no sign of a healthy job)
+        reports_nan = normality and bool(_NEVER_NORMAL.search(s))
+        normality = normality and not reports_nan
+        presupposed = reports_nan or (question and not normality and bool(_PRESUPPOSING.search(s)))
+        asks_from = 0 if not question or _YES_NO.search(s) or normality else _last_clause(s)
         hits = [(p, m) for p in lib for m in [p.regex.search(s)] if m]
         outcomes = {str(p.fields.get("value")) for p, _ in hits if p.fields.get("fact") == "outcome"}
         for p, m in hits:
             fact = str(p.fields.get("fact"))
-            if fact == "outcome":
+            if fact == "outcome" or (fact == "healthy" and reports_nan):
                 continue
             value = value_of(p)
             # "is this normal?" is itself the sign of a working job: a healthy phrase is never "asked"

@@ -9,6 +9,7 @@ by time where lines carry one and by the kind's priority where clocks cannot tel
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .partial import partial_facts
@@ -24,6 +25,10 @@ WAIT_KINDS = frozenset({
     "desync_report", "launcher_teardown", "process_abort", "barrier_missing_ranks", "dump_signal",
 })
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+#: A machine message quoted inside a reporter's sentence (an exception class, "Tried to allocate",
+#: a CUDA_ERROR_* or cudaError* name): the words around it are prose, the message is the machine's.
+_MACHINE_SHAPE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|Tried to allocate|\b[A-Z][A-Z0-9]*_[A-Z0-9_]{3,}\b|"
+                            r"\bcudaError\w+|Cuda failure '")
 
 
 def _ordered_events(scans: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -178,6 +183,7 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
         "amp": _amp_facts(scans, counts),
         "world_size": max([sc["world_size"] for sc in scans] + [0]),
         **survived_facts(scans),
+        "prose_only_kinds": prose_only_kinds(events),
     }
     out["xid_codes"] = sorted({x["code"] for x in out["xids"] if isinstance(x["code"], int)})
     inits = [e for e in events if e["kind"] == "init_timeout"]
@@ -201,6 +207,17 @@ def survived_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
     fatal = {k for sc in scans for k in sc.get("unsurvived_kinds", [])}
     return {"survived_kinds": sorted(ok - fatal),
             "progress_lines": sum(sc.get("progress_lines", 0) for sc in scans)}
+
+
+def prose_only_kinds(events: list[dict[str, Any]]) -> list[str]:
+    """Kinds whose every hit is a reporter's own sentence in a ticket's prose ("it ran out of
+    memory once"), with no machine message quoted in it: a paraphrase is a lead, not the
+    machine's word, so rules that act at high severity on a kind stand back on these."""
+    prose: dict[str, bool] = {}
+    for e in events:
+        said = str(e.get("file", "")).endswith(" prose") and not _MACHINE_SHAPE.search(str(e.get("text", "")))
+        prose[e["kind"]] = prose.get(e["kind"], True) and said
+    return sorted(k for k, only in prose.items() if only)
 
 
 def _exit_text(ex: dict[str, Any]) -> str:

@@ -23,8 +23,32 @@ WAIT_KINDS = frozenset({
     "watchdog_timeout", "watchdog_progress", "gloo_timeout", "store_timeout", "init_timeout",
     "peer_connection_lost", "nccl_remote_error", "store_connection_lost", "nccl_teardown",
     "desync_report", "launcher_teardown", "process_abort", "barrier_missing_ranks", "dump_signal",
+    "collective_timeout",
 })
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+#: Families of failure kinds, for rules that weigh a prior against what the logs show ("a crash
+#: prior stands back where the logs show a hang or a network failure and no CUDA or memory one"):
+#: the kind names live here once instead of in every such rule (tests/test_logs_families.py checks
+#: that each is a kind some signature emits).
+FAMILIES: dict[str, frozenset[str]] = {
+    "hang": frozenset({
+        "watchdog_timeout", "collective_timeout", "watchdog_progress", "watchdog_stuck", "gloo_timeout",
+        "store_timeout", "init_timeout", "init_waiting", "desync_report", "desync_lagging",
+        "collective_mismatch", "fr_mismatch", "fr_missing_ranks", "ras_op_counts_differ", "ras_dead_process",
+        "barrier_missing_ranks", "dump_signal", "nccl_comm_aborted", "rendezvous_closed",
+        "rendezvous_keepalive_failed", "store_connection_lost", "store_connect_retry", "init_connect_failed",
+        "peer_connection_lost", "nccl_remote_error"}),
+    "network": frozenset({
+        "net_connect_failed", "net_config_error", "net_interface_missing", "nccl_net_error",
+        "nccl_bootstrap_error", "nccl_system_error", "ib_error", "ib_port_down", "ofi_error", "ofi_unreachable",
+        "rdma_kernel_error"}),
+    "shm": frozenset({"shm_exhausted", "shm_error", "bus_error"}),
+    "cuda": frozenset({"cuda_setup", "cuda_error", "cuda_api_error", "cuda_unknown", "cuda_assert"}),
+    "native": frozenset({"native_crash"}),
+    "memory": frozenset({"gpu_oom", "host_oom_kill", "host_oom_invoked"}),
+    "worker": frozenset({"dataloader_worker_died", "dataloader_worker_error"}),
+    "gpu": frozenset({"xid", "gpu_fault"}),
+}
 #: A machine message quoted inside a reporter's sentence (an exception class, "Tried to allocate",
 #: a CUDA_ERROR_* or cudaError* name): the words around it are prose, the message is the machine's.
 _MACHINE_SHAPE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|Tried to allocate|\b[A-Z][A-Z0-9]*_[A-Z0-9_]{3,}\b|"
@@ -184,6 +208,7 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
         "world_size": max([sc["world_size"] for sc in scans] + [0]),
         **survived_facts(scans),
         "prose_only_kinds": prose_only_kinds(events),
+        "families": sorted(f for f, kinds in FAMILIES.items() if kinds & counts.keys()),
     }
     out["xid_codes"] = sorted({x["code"] for x in out["xids"] if isinstance(x["code"], int)})
     inits = [e for e in events if e["kind"] == "init_timeout"]

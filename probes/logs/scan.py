@@ -387,10 +387,31 @@ def _line(scan: Scan, lib: Library, line: str, lineno: int) -> None:
         _hit(scan, sig, m, body, lineno, prefix_rank, host, pid)
 
 
+# NCCL's "host:pid:tid [dev] NCCL <level>" prefix after a tag other tools put first: pdsh/clush
+# ("node3: node3:812:812 [0] NCCL INFO ..."), mpirun --timestamp-output ("Fri Aug 11 12:31:45
+# 2023[1,0]<stdout>:node3:812:..."), a log shipper's time or a container name. The host must start
+# the line or follow a space, ':', ']', '>' or '|', so the tag's own name is never taken for it.
+# source: NVIDIA/nccl src/debug.cc (ncclDebugLog: "%s:%d:%d [%d] " hostname, pid, tid, cudaDev);
+# pdsh(1) and clush(1) prefix each output line with "<host>: "
+_NCCL_TAGGED = re.compile(r"(?:^|(?<=[\s:\]>|]))(?P<host>[A-Za-z0-9][\w.-]{0,252}):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: [\w./-]+:\d+)? NCCL (?:INFO|WARN|TRACE|ABORT|ERROR)\b")
+#: How far into a line NCCL's prefix may start behind such a tag (bounds the search on long lines).
+_NCCL_TAG_REACH = 400
+
+
 def _host_pid(scan: Scan, body: str) -> tuple[str | None, int | None]:
-    """The host (and NCCL's pid) a line names: NCCL's "host:pid:tid" prefix or syslog's host."""
-    if " NCCL " in body:
+    """The host (and NCCL's pid) a line names: NCCL's "host:pid:tid" prefix or syslog's host.
+
+    NCCL's prefix is looked for at the line's start first (the common case, one anchored match),
+    then behind a tag that pdsh/clush, mpirun's timestamps or a log collector put before it: those
+    tools are how multi-host NCCL output is usually gathered, and without the host the per-host
+    facts (logs.nccl.hosts, version per host, culprit hosts) stay empty.
+    """
+    at = body.find(" NCCL ")
+    if at >= 0:
         m = _NCCL.match(body)
+        if m is None and at <= _NCCL_TAG_REACH:
+            # only the head up to the level word is searched: linear in the line's length
+            m = _NCCL_TAGGED.search(body, 0, at + 12)
         if m:
             scan.nccl_hosts.add(m.group("host"))
             return m.group("host"), int(m.group("pid"))

@@ -55,7 +55,10 @@ _PRESUPPOSING = re.compile(
     r"how (?:do|can|could|should|would|to|might) (?:i |we |you |one )?(?:fix|avoid|solve|debug|resolve|prevent|"
     r"stop|get rid of|handle|deal with|work around|diagnose|find|speed|reduce|make)\b|"
     r"what (?:causes|is causing|could cause|can cause|would cause|might cause|makes)\b|"
-    r"what (?:can|should|could) (?:i|we) do\b)", re.I)
+    r"what (?:can|should|could) (?:i|we) do\b|what (?:is|are|was|were|could be|can be|might be|would be) "
+    r"(?:the |a )?(?:possible |likely |root |main |real )?(?:reasons?|causes?)\b)|"
+    # Chinese asks "why" anywhere in the sentence: 为什么/为啥 (why), 什么原因 (what reason), 怎么回事
+    r"为什么|为何|为啥|什么原因|啥原因|怎么回事", re.I)
 #: A question whether what one sees is a problem at all ("..., is that normal?", "can I ignore
 #: these warnings?") reports no fault: every phrase of its sentence is only asked about.
 _NORMALITY = re.compile(

@@ -35,3 +35,12 @@ def test_a_collective_timeout_log_is_in_the_hang_family() -> None:
     assert "gloo_timeout" in logs["counts"]  # the gloo side of a collective timeout
     assert "hang" in logs["families"]
     assert not {"cuda", "memory"} & set(logs["families"])
+
+
+def test_timeout_explainers_are_emitted_kinds_and_reach_the_facts() -> None:
+    from probes.logs.facts import TIMEOUT_EXPLAINERS
+    assert TIMEOUT_EXPLAINERS <= {s.kind for s in library().signatures}
+    facts, _ = facts_mod.build(facts_mod.items_from_folder(FIX / "logs" / "worker_kill"), "loose")
+    logs = facts["logs"]
+    assert logs["timeout_explained_by"] == sorted(TIMEOUT_EXPLAINERS & logs["counts"].keys())
+    assert "dataloader_worker_died" in logs["timeout_explained_by"]

@@ -100,6 +100,7 @@ class LogsProbe(Probe):
         "logs.exited_ranks[].survived": "bool: training progress followed the exit (a restarted worker group): counted as cascade",
         "logs.survived_kinds": "list<string>: error kinds whose every hit the job went on after (progress counters advancing, or a recovery message then progress; logs/survival.py)",
         "logs.families": "list<string>: failure families the kinds seen belong to (hang, network, shm, cuda, native, memory, worker, gpu; probes/logs/facts.py FAMILIES)",
+        "logs.timeout_explained_by": "list<string>: kinds seen that explain a collective timeout on their own (OOM, GPU/CUDA fault, worker death, network error, mismatch; probes/logs/facts.py TIMEOUT_EXPLAINERS)",
         "logs.prose_only_kinds": "list<string>: kinds whose every hit is a sentence of a ticket's prose quoting no machine message (an exception name, 'Tried to allocate', a CUDA error name): the reporter's paraphrase, not the machine's line",
         "logs.progress_lines": "int: training-progress lines counted (step/iteration/epoch counters, tqdm bars): the first 20 per signature and file, then only while an error waits to be shown survived",
         "logs.exited_ranks": "list<map>: rank exits reported by the launcher or scheduler",

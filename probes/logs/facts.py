@@ -49,6 +49,15 @@ FAMILIES: dict[str, frozenset[str]] = {
     "worker": frozenset({"dataloader_worker_died", "dataloader_worker_error"}),
     "gpu": frozenset({"xid", "gpu_fault"}),
 }
+#: Failures that explain a collective timeout on their own (a rank that ran out of memory, faulted,
+#: lost its worker, its network or its GPU; ranks that issued different collectives): the timeout
+#: rules (LOG007, HANG043-054) stand back when any of these is in the logs, and read the kinds
+#: found from ``logs.timeout_explained_by`` instead of each carrying the list.
+TIMEOUT_EXPLAINERS = frozenset({
+    "gpu_oom", "host_oom_kill", "xid", "gpu_fault", "collective_mismatch", "fr_mismatch",
+    "dataloader_worker_died", "shm_exhausted", "native_crash", "ib_error",
+    "net_connect_failed", "cuda_error", "cuda_api_error", "cuda_setup", "host_hw_error", "kernel_hung_task",
+})
 #: A machine message quoted inside a reporter's sentence (an exception class, "Tried to allocate",
 #: a CUDA_ERROR_* or cudaError* name): the words around it are prose, the message is the machine's.
 _MACHINE_SHAPE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|Tried to allocate|\b[A-Z][A-Z0-9]*_[A-Z0-9_]{3,}\b|"
@@ -209,6 +218,7 @@ def build_facts(scans: list[dict[str, Any]]) -> dict[str, Any]:
         **survived_facts(scans),
         "prose_only_kinds": prose_only_kinds(events),
         "families": sorted(f for f, kinds in FAMILIES.items() if kinds & counts.keys()),
+        "timeout_explained_by": sorted(TIMEOUT_EXPLAINERS & counts.keys()),
     }
     out["xid_codes"] = sorted({x["code"] for x in out["xids"] if isinstance(x["code"], int)})
     inits = [e for e in events if e["kind"] == "init_timeout"]
